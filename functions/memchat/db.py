@@ -1,0 +1,148 @@
+"""Connections and the per-request transaction.
+
+Every user request runs in one transaction as `authenticated` with the
+caller's verified claims (exactly what PostgREST does), so row-level
+security is what keeps users apart. Work is sent in pipeline mode with a
+single Sync: BEGIN-less implicit transaction, the claims, the queries, all in
+one network round trip, atomic (an error anywhere rolls back everything).
+
+Built for Supabase's transaction-mode pooler: no server-side prepared
+statements, no session state outside a transaction, and at most
+`db_max_connections` connections per process (1 in Lambda).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from memchat.errors import DatabaseUnavailable
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
+# `set local role` + `set local request.jwt.claims`, in one statement.
+SET_CLAIMS = (
+    "select set_config('role', 'authenticated', true), "
+    "set_config('request.jwt.claims', %s, true)"
+)
+# A connection idle longer than this is pinged before use: Lambda freezes
+# and poolers close idle clients, and a dead socket must not fail a turn.
+IDLE_CHECK_SECONDS = 30.0
+
+
+def connect_kwargs() -> dict[str, Any]:
+    """Options every connection needs to work behind a transaction pooler."""
+    return {"autocommit": True, "prepare_threshold": None, "connect_timeout": 10}
+
+
+class Database:
+    """A small set of reusable async connections (one in Lambda)."""
+
+    def __init__(self, conninfo: str, max_connections: int = 1) -> None:
+        self._conninfo = conninfo
+        self._max = max_connections
+        self._idle: list[tuple[AsyncConnection[Any], float]] = []
+        self._slots: asyncio.Semaphore | None = None
+        self._slots_loop: asyncio.AbstractEventLoop | None = None
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots_loop is not loop:
+            # Lambda and tests may run successive requests in new event loops.
+            self._slots = asyncio.Semaphore(self._max)
+            self._slots_loop = loop
+        return self._slots
+
+    async def _connect(self) -> AsyncConnection[Any]:
+        try:
+            return await psycopg.AsyncConnection.connect(self._conninfo, **connect_kwargs())
+        except psycopg.OperationalError as exc:
+            raise DatabaseUnavailable() from exc
+
+    async def _checkout(self) -> AsyncConnection[Any]:
+        while self._idle:
+            conn, idle_since = self._idle.pop()
+            if conn.closed or conn.broken:
+                continue
+            if time.monotonic() - idle_since > IDLE_CHECK_SECONDS:
+                try:
+                    await conn.execute("select 1")
+                except psycopg.Error:
+                    await conn.close()
+                    continue
+            return conn
+        return await self._connect()
+
+    def _checkin(self, conn: AsyncConnection[Any]) -> None:
+        status = conn.info.transaction_status
+        if conn.closed or conn.broken or status != TransactionStatus.IDLE:
+            return
+        self._idle.append((conn, time.monotonic()))
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection[Any]]:
+        """A connection for the duration of the block, returned afterwards."""
+        async with self._semaphore():
+            conn = await self._checkout()
+            try:
+                yield conn
+            except psycopg.OperationalError as exc:
+                await conn.close()
+                raise DatabaseUnavailable() from exc
+            except BaseException:
+                if conn.info.transaction_status not in (
+                    TransactionStatus.IDLE,
+                    TransactionStatus.UNKNOWN,
+                ):
+                    try:
+                        await conn.rollback()
+                    except psycopg.Error:
+                        await conn.close()
+                raise
+            finally:
+                self._checkin(conn)
+
+    @asynccontextmanager
+    async def pipeline(
+        self, claims: Mapping[str, Any] | None
+    ) -> AsyncIterator[AsyncConnection[Any]]:
+        """One atomic unit of work in one round trip.
+
+        Statements executed in the block are queued; results are read after
+        the block, when the single Sync has returned them all. With claims,
+        the work runs as `authenticated` for that user; with None, as the
+        connecting role (cleanup, migrations, tests).
+
+        Example:
+            async with db.pipeline(user.claims) as conn:
+                cur = conn.cursor()
+                await cur.execute("select count(*) from chat_sessions")
+            (count,) = await cur.fetchone()
+        """
+        async with self.connection() as conn, conn.pipeline():
+            if claims is not None:
+                await conn.execute(SET_CLAIMS, (json.dumps(claims),))
+            yield conn
+
+    @asynccontextmanager
+    async def transaction(
+        self, claims: Mapping[str, Any] | None
+    ) -> AsyncIterator[AsyncConnection[Any]]:
+        """An explicit transaction for work that reads between statements."""
+        async with self.connection() as conn, conn.transaction():
+            if claims is not None:
+                await conn.execute(SET_CLAIMS, (json.dumps(claims),))
+            yield conn
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            await conn.close()

@@ -1,0 +1,46 @@
+"""The embedded PostgreSQL for local development and tests.
+
+`pgserver` ships PostgreSQL 16 (with pgvector) as a Python package: no root,
+no Docker, a data directory of our own, up in under a second. It listens
+on a Unix socket inside the data directory only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import warnings
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+STATE_DIR = Path(os.environ.get("MEMCHAT_HOME", ".memchat"))
+
+
+def start(data_dir: Path | None = None) -> str:
+    """Start (or reuse) the embedded server; returns its connection URI."""
+    # pgserver looks up a runtime dir it never needs; keep its warning quiet.
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # noqa: S108
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver  # heavy and dev-only: imported where needed
+
+    directory = (data_dir or STATE_DIR / "pgdata").resolve()
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    server = pgserver.get_server(directory, cleanup_mode=None)
+    uri: str = server.get_uri()
+    logger.info("embedded PostgreSQL at %s", directory)
+    return uri
+
+
+def dev_jwt_secret(state_dir: Path | None = None) -> str:
+    """The local JWT secret, created once under `.memchat/` (0600)."""
+    path = (state_dir or STATE_DIR) / "jwt-secret"
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    secret = secrets.token_urlsafe(48)
+    path.write_text(secret + "\n")
+    path.chmod(0o600)
+    return secret

@@ -1,0 +1,83 @@
+"""Stored message shape: LangChain's `message_to_dict`.
+
+`chat_message_history.message` holds `{"type": ..., "data": {...}}` exactly
+as `langchain_core.messages.message_to_dict` writes it, so
+`langchain_postgres.PostgresChatMessageHistory` reads our tables as they are.
+Built here by hand so the API does not import LangChain.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+ROLE_BY_TYPE = {"human": "user", "ai": "assistant", "tool": "tool", "system": "system"}
+
+
+def _data(kind: str, content: str, **extra: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "content": content,
+        "additional_kwargs": {},
+        "response_metadata": {},
+        "type": kind,
+        "name": None,
+        "id": None,
+    }
+    data.update(extra)
+    return {"type": kind, "data": data}
+
+
+def human(content: str) -> dict[str, Any]:
+    return _data("human", content)
+
+
+def ai(
+    content: str,
+    *,
+    tool_calls: list[dict[str, Any]] | None = None,
+    model: str | None = None,
+    usage: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """An assistant message; `tool_calls` items are `{"id", "name", "args"}`."""
+    calls = [
+        {"name": c["name"], "args": c["args"], "id": c["id"], "type": "tool_call"}
+        for c in tool_calls or []
+    ]
+    usage_metadata = None
+    if usage is not None:
+        usage_metadata = {
+            "input_tokens": usage.get("prompt_tokens", 0),
+            "output_tokens": usage.get("completion_tokens", 0),
+            "total_tokens": usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0),
+        }
+    message = _data(
+        "ai",
+        content,
+        tool_calls=calls,
+        invalid_tool_calls=[],
+        usage_metadata=usage_metadata,
+    )
+    if model:
+        message["data"]["response_metadata"] = {"model_name": model}
+    return message
+
+
+def tool(content: str, *, tool_call_id: str, name: str) -> dict[str, Any]:
+    return _data("tool", content, tool_call_id=tool_call_id, name=name, status="success")
+
+
+def text_of(message: dict[str, Any]) -> str:
+    content = message.get("data", {}).get("content", "")
+    if isinstance(content, str):
+        return content
+    # Multimodal content blocks (written by other LangChain apps): keep the text.
+    parts = [p.get("text", "") for p in content if isinstance(p, dict)]
+    return "".join(parts) if parts else json.dumps(content)
+
+
+def to_openai(message: dict[str, Any]) -> dict[str, Any] | None:
+    """A stored human/ai/system message as an OpenAI chat message (else None)."""
+    role = ROLE_BY_TYPE.get(message.get("type", ""))
+    if role in ("user", "assistant", "system"):
+        return {"role": role, "content": text_of(message)}
+    return None

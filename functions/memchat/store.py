@@ -1,0 +1,688 @@
+"""The store: every SQL statement memchat runs, in one place.
+
+User-facing operations take the caller's verified claims and run as
+`authenticated` in one transaction (see `memchat.db`), so row-level security
+decides what each statement sees. Chat turns cost two round trips: one to
+load the context, one to record the turn.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from memchat.db import Database
+from memchat.errors import Conflict, SessionNotFound, Unauthorized
+
+NOTES_CONFLICT_SQLSTATE = "MC409"
+
+# ---------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A verified user: the id and the claims the database sees."""
+
+    user_id: uuid.UUID
+    claims: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    id: uuid.UUID
+    agent_name: str
+    title: str | None
+    status: str
+    message_count: int
+    created_at: datetime
+    last_active_at: datetime
+    expires_at: datetime
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> SessionInfo:
+        return cls(
+            id=uuid.UUID(row["id"]),
+            agent_name=row["agent_name"],
+            title=row.get("title"),
+            status=row["status"],
+            message_count=row["message_count"],
+            created_at=datetime.fromisoformat(row["created_at"]),
+            last_active_at=datetime.fromisoformat(row["last_active_at"]),
+            expires_at=datetime.fromisoformat(row["expires_at"]),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": str(self.id),
+            "agent_name": self.agent_name,
+            "title": self.title,
+            "status": self.status,
+            "message_count": self.message_count,
+            "created_at": self.created_at.isoformat(),
+            "last_active_at": self.last_active_at.isoformat(),
+            "expires_at": self.expires_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True)
+class Notes:
+    agent_name: str
+    notes: str
+    version: int  # 0: no notes stored yet
+    updated_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The stored answer of an earlier turn with the same client_message_id."""
+
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a turn starts from, read in one round trip."""
+
+    session: SessionInfo | None  # None: a new session will be created
+    expired: bool  # the session exists but expired: it starts empty
+    notes: Notes | None
+    messages: list[dict[str, Any]]  # oldest first
+    replay: Replay | None
+
+
+@dataclass
+class Turn:
+    """Everything one chat turn writes, in one transaction."""
+
+    session_id: uuid.UUID
+    agent_name: str
+    messages: list[dict[str, Any]]  # LangChain dicts, in order, user message first
+    title: str | None
+    ttl: timedelta
+    client_message_id: str | None = None
+    notes: str | None = None  # new notes, when the model changed them
+    notes_version: int = 0  # the version the notes were read at
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class NotesConflict(Conflict):
+    code = "notes_conflict"
+    detail = "The long-term notes changed meanwhile; read them again and retry."
+
+
+class DuplicateClientMessage(Conflict):
+    """A concurrent request with the same client_message_id won the race."""
+
+
+def _translate(exc: psycopg.Error) -> Exception:
+    if exc.sqlstate == NOTES_CONFLICT_SQLSTATE:
+        return NotesConflict()
+    if isinstance(exc, pg_errors.ForeignKeyViolation):
+        return Unauthorized("This account no longer exists.")
+    if isinstance(exc, pg_errors.InsufficientPrivilege | pg_errors.CheckViolation):
+        # RLS refused a write: the row belongs to someone else.
+        return SessionNotFound()
+    return exc
+
+
+# ------------------------------------------------------------ chat turns
+
+_LOAD_CONTEXT = """
+with requested as (
+    select s.* from public.chat_sessions s where s.id = %(session_id)s::uuid
+), active as (
+    select s.* from public.user_agent_active_sessions a
+    join public.chat_sessions s on s.id = a.active_session_id
+    where %(session_id)s::uuid is null
+      and a.user_id = (select auth.uid()) and a.agent_name = %(agent_name)s
+      and s.status = 'active' and s.expires_at > now()
+), chosen as (
+    select * from requested union all select * from active limit 1
+)
+select
+    memchat.current_user_exists(),
+    (%(session_id)s::uuid is not null and not exists (select 1 from requested)
+        and memchat.session_id_taken(%(session_id)s::uuid)),
+    (select jsonb_build_object(
+        'id', c.id, 'agent_name', c.agent_name, 'title', c.title, 'status', c.status,
+        'message_count', c.message_count, 'created_at', c.created_at,
+        'last_active_at', c.last_active_at, 'expires_at', c.expires_at,
+        'expired', c.expires_at <= now()) from chosen c),
+    (select jsonb_build_object('notes', m.notes, 'version', m.version,
+                               'updated_at', m.updated_at)
+       from public.agent_long_term_memory m
+      where %(read_notes)s and m.user_id = (select auth.uid())
+        and m.agent_name = coalesce((select c.agent_name from chosen c), %(agent_name)s)),
+    coalesce((
+        select jsonb_agg(w.message order by w.id) from (
+            select h.id, h.message from public.chat_message_history h
+             where h.session_id = (select c.id from chosen c where c.expires_at > now())
+               and h.message->>'type' <> 'tool'
+               and coalesce(jsonb_array_length(h.message->'data'->'tool_calls'), 0) = 0
+             order by h.id desc
+             limit %(window)s) w), '[]'::jsonb),
+    (select a.message
+       from public.chat_message_history u
+       cross join lateral (
+            select x.message from public.chat_message_history x
+             where x.session_id = u.session_id and x.id > u.id
+               and x.message->>'type' = 'ai'
+               and coalesce(jsonb_array_length(x.message->'data'->'tool_calls'), 0) = 0
+             order by x.id limit 1) a
+      where %(client_message_id)s::text is not null
+        and u.session_id = (select c.id from chosen c)
+        and u.client_message_id = %(client_message_id)s::text)
+"""
+
+
+async def load_context(
+    db: Database,
+    caller: Caller,
+    *,
+    session_id: uuid.UUID | None,
+    agent_name: str,
+    window: int,
+    read_notes: bool = True,
+    client_message_id: str | None = None,
+) -> Context:
+    """Resolve the session and read notes + the last `window` messages.
+
+    Raises SessionNotFound when `session_id` is another user's.
+    """
+    params = {
+        "session_id": session_id,
+        "agent_name": agent_name,
+        "window": window,
+        "read_notes": read_notes,
+        "client_message_id": client_message_id,
+    }
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(_LOAD_CONTEXT, params)
+    row = await cur.fetchone()
+    assert row is not None
+    user_exists, taken, session, notes, messages, replay = row
+    if not user_exists:
+        raise Unauthorized("This account no longer exists.")
+    if taken:
+        raise SessionNotFound()
+    info = SessionInfo.from_json(session) if session else None
+    resolved_agent = info.agent_name if info else agent_name
+    return Context(
+        session=info,
+        expired=bool(session and session["expired"]),
+        notes=_notes_from_json(resolved_agent, notes) if read_notes else None,
+        messages=messages,
+        replay=Replay(replay) if replay else None,
+    )
+
+
+def _notes_from_json(agent_name: str, row: Mapping[str, Any] | None) -> Notes:
+    if not row:
+        return Notes(agent_name, "", 0, None)
+    return Notes(
+        agent_name, row["notes"], row["version"], datetime.fromisoformat(row["updated_at"])
+    )
+
+
+_LOCK_SESSION = "select 1 from public.chat_sessions where id = %(session_id)s for update"
+
+# A turn on an expired session that cleanup has not reached yet starts over.
+_RESET_EXPIRED = """
+delete from public.chat_message_history h
+ using public.chat_sessions s
+ where s.id = %(session_id)s and h.session_id = s.id and s.expires_at <= now()
+"""
+
+_UPSERT_SESSION = """
+insert into public.chat_sessions as s
+    (id, user_id, agent_name, title, message_count, last_active_at, expires_at)
+values (%(session_id)s, %(user_id)s, %(agent_name)s, %(title)s, %(count)s,
+        now(), now() + %(ttl)s)
+on conflict (id) do update set
+    message_count = case when s.expires_at <= now() then excluded.message_count
+                         else s.message_count + excluded.message_count end,
+    title = coalesce(s.title, excluded.title),
+    status = 'active',
+    last_active_at = excluded.last_active_at,
+    expires_at = excluded.expires_at
+returning jsonb_build_object(
+    'id', s.id, 'agent_name', s.agent_name, 'title', s.title, 'status', s.status,
+    'message_count', s.message_count, 'created_at', s.created_at,
+    'last_active_at', s.last_active_at, 'expires_at', s.expires_at)
+"""
+
+_INSERT_MESSAGES = """
+insert into public.chat_message_history (session_id, user_id, message, client_message_id)
+select %(session_id)s, %(user_id)s, m.message,
+       case when m.ord = 1 then %(client_message_id)s::text end
+  from jsonb_array_elements(%(messages)s) with ordinality as m(message, ord)
+ order by m.ord
+"""
+
+_POINT_ACTIVE = """
+insert into public.user_agent_active_sessions as a
+    (user_id, agent_name, active_session_id, last_active_at)
+select s.user_id, s.agent_name, s.id, now()
+  from public.chat_sessions s where s.id = %(session_id)s
+on conflict (user_id, agent_name) do update set
+    active_session_id = excluded.active_session_id,
+    last_active_at = excluded.last_active_at
+"""
+
+_SAVE_NOTES = "select memchat.save_notes(%s, %s, %s)"
+
+
+async def record_turn(db: Database, caller: Caller, turn: Turn) -> SessionInfo:
+    """Store a whole turn atomically; sessions are locked so turns never interleave.
+
+    Raises NotesConflict when the notes changed since they were read (nothing
+    is stored; re-read and retry), DuplicateClientMessage when a concurrent
+    request with the same client_message_id was stored first.
+    """
+    params = {
+        "session_id": turn.session_id,
+        "user_id": caller.user_id,
+        "agent_name": turn.agent_name,
+        "title": turn.title,
+        "count": len(turn.messages),
+        "ttl": turn.ttl,
+        "messages": Jsonb(turn.messages),
+        "client_message_id": turn.client_message_id,
+    }
+    try:
+        async with db.pipeline(caller.claims) as conn:
+            await conn.execute(_LOCK_SESSION, params)
+            await conn.execute(_RESET_EXPIRED, params)
+            session_cur = conn.cursor()
+            await session_cur.execute(_UPSERT_SESSION, params)
+            await conn.execute(_INSERT_MESSAGES, params)
+            await conn.execute(_POINT_ACTIVE, params)
+            if turn.notes is not None:
+                await conn.execute(
+                    _SAVE_NOTES, (turn.agent_name, turn.notes, turn.notes_version)
+                )
+    except pg_errors.UniqueViolation as exc:
+        if exc.diag.constraint_name == "chat_message_history_client_message_idx":
+            raise DuplicateClientMessage() from exc
+        raise
+    except psycopg.Error as exc:
+        raise _translate(exc) from exc
+    row = await session_cur.fetchone()
+    assert row is not None
+    return SessionInfo.from_json(row[0])
+
+
+# ------------------------------------------------------ long-term notes
+
+_READ_NOTES = """
+select jsonb_build_object('notes', m.notes, 'version', m.version, 'updated_at', m.updated_at)
+  from public.agent_long_term_memory m
+ where m.user_id = (select auth.uid()) and m.agent_name = %s
+"""
+
+
+async def read_notes(db: Database, caller: Caller, agent_name: str) -> Notes:
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(_READ_NOTES, (agent_name,))
+    row = await cur.fetchone()
+    return _notes_from_json(agent_name, row[0] if row else None)
+
+
+async def save_notes(
+    db: Database,
+    caller: Caller,
+    agent_name: str,
+    notes: str,
+    expected_version: int | None = None,
+) -> Notes:
+    """Replace the notes; with `expected_version`, only if still at that version."""
+    try:
+        async with db.pipeline(caller.claims) as conn:
+            await conn.execute(_SAVE_NOTES, (agent_name, notes, expected_version))
+            cur = conn.cursor()
+            await cur.execute(_READ_NOTES, (agent_name,))
+    except psycopg.Error as exc:
+        raise _translate(exc) from exc
+    row = await cur.fetchone()
+    assert row is not None
+    return _notes_from_json(agent_name, row[0])
+
+
+async def delete_notes(db: Database, caller: Caller, agent_name: str) -> bool:
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(
+            "delete from public.agent_long_term_memory"
+            " where user_id = (select auth.uid()) and agent_name = %s",
+            (agent_name,),
+        )
+    return cur.rowcount > 0
+
+
+# ------------------------------------------------------------- sessions
+
+_SESSION_JSON = """jsonb_build_object(
+    'id', s.id, 'agent_name', s.agent_name, 'title', s.title, 'status', s.status,
+    'message_count', s.message_count, 'created_at', s.created_at,
+    'last_active_at', s.last_active_at, 'expires_at', s.expires_at)"""
+
+# The session a clear-session request names: the given id, else the active one.
+_TARGET = sql.SQL("""(select s.id from public.chat_sessions s
+   where s.id = coalesce(%(session_id)s::uuid,
+       (select a.active_session_id from public.user_agent_active_sessions a
+         where a.user_id = (select auth.uid()) and a.agent_name = %(agent_name)s)))""")
+
+_CLEAR_LOCK = sql.SQL(
+    "select s.id from public.chat_sessions s where s.id = {target} for update"
+).format(target=_TARGET)
+_CLEAR_MESSAGES = sql.SQL(
+    "with d as (delete from public.chat_message_history h"
+    " where h.session_id = {target} returning 1) select count(*) from d"
+).format(target=_TARGET)
+_CLEAR_MARK = sql.SQL(
+    "update public.chat_sessions set status = 'cleared', message_count = 0,"
+    " title = null, summary = null where id = {target}"
+).format(target=_TARGET)
+_CLEAR_NEW_SESSION = sql.SQL(
+    "insert into public.chat_sessions as s (id, user_id, agent_name, expires_at)"
+    " select %(new_id)s, %(user_id)s, t.agent_name, now() + %(ttl)s"
+    " from public.chat_sessions t where t.id = {target}"
+    " returning {session}"
+).format(target=_TARGET, session=sql.SQL(_SESSION_JSON))
+
+
+@dataclass(frozen=True)
+class Cleared:
+    cleared_session_id: uuid.UUID
+    deleted_messages: int
+    new_session: SessionInfo
+
+
+async def clear_session(
+    db: Database,
+    caller: Caller,
+    *,
+    session_id: uuid.UUID | None,
+    agent_name: str,
+    ttl: timedelta,
+) -> Cleared:
+    """Forget a session's messages now and make a fresh session the active one."""
+    params = {
+        "session_id": session_id,
+        "agent_name": agent_name,
+        "new_id": uuid.uuid4(),
+        "user_id": caller.user_id,
+        "ttl": ttl,
+    }
+    async with db.pipeline(caller.claims) as conn:
+        target = conn.cursor()
+        await target.execute(_CLEAR_LOCK, params)
+        deleted = conn.cursor()
+        await deleted.execute(_CLEAR_MESSAGES, params)
+        await conn.execute(_CLEAR_MARK, params)
+        created = conn.cursor()
+        await created.execute(_CLEAR_NEW_SESSION, params)
+        await conn.execute(_POINT_ACTIVE, {"session_id": params["new_id"]})
+    found = await target.fetchone()
+    if found is None:
+        raise SessionNotFound(
+            "No such session for this user."
+            if session_id
+            else f"There is no active session for agent {agent_name!r}."
+        )
+    count_row = await deleted.fetchone()
+    new_row = await created.fetchone()
+    assert count_row is not None and new_row is not None
+    return Cleared(found[0], count_row[0], SessionInfo.from_json(new_row[0]))
+
+
+_LIST_SESSIONS = sql.SQL(
+    "select {session} from public.chat_sessions s"
+    " where s.user_id = (select auth.uid())"
+    "   and (%(agent_name)s::text is null or s.agent_name = %(agent_name)s::text)"
+    "   and (%(before_at)s::timestamptz is null"
+    "        or (s.last_active_at, s.id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))"
+    " order by s.last_active_at desc, s.id desc limit %(limit)s"
+).format(session=sql.SQL(_SESSION_JSON))
+
+_ACTIVE_SESSION = sql.SQL(
+    "select {session} from public.user_agent_active_sessions a"
+    " join public.chat_sessions s on s.id = a.active_session_id"
+    " where a.user_id = (select auth.uid()) and a.agent_name = %s"
+    "   and s.status = 'active' and s.expires_at > now()"
+).format(session=sql.SQL(_SESSION_JSON))
+
+
+async def list_sessions(
+    db: Database,
+    caller: Caller,
+    *,
+    agent_name: str | None,
+    limit: int,
+    before: tuple[datetime, uuid.UUID] | None = None,
+) -> list[SessionInfo]:
+    """The caller's sessions, most recently active first (keyset pagination)."""
+    params = {
+        "agent_name": agent_name,
+        "limit": limit,
+        "before_at": before[0] if before else None,
+        "before_id": before[1] if before else None,
+    }
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(_LIST_SESSIONS, params)
+    return [SessionInfo.from_json(r[0]) for r in await cur.fetchall()]
+
+
+async def active_session(db: Database, caller: Caller, agent_name: str) -> SessionInfo | None:
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(_ACTIVE_SESSION, (agent_name,))
+    row = await cur.fetchone()
+    return SessionInfo.from_json(row[0]) if row else None
+
+
+# --------------------------------------------------------------- export
+
+# One message as export JSON, built by the database so export streams text.
+_MESSAGE_EXPORT_JSON = """jsonb_build_object(
+    'id', h.id,
+    'role', case h.message->>'type' when 'human' then 'user' when 'ai' then 'assistant'
+                 else h.message->>'type' end,
+    'content', coalesce(h.message->'data'->'content', '""'::jsonb),
+    'created_at', h.created_at,
+    'metadata', jsonb_strip_nulls(jsonb_build_object(
+        'tool_calls', nullif(h.message->'data'->'tool_calls', '[]'::jsonb),
+        'tool_call_id', h.message->'data'->'tool_call_id',
+        'name', h.message->'data'->'name',
+        'usage', h.message->'data'->'usage_metadata',
+        'model', h.message->'data'->'response_metadata'->'model_name',
+        'client_message_id', h.client_message_id)))::text"""
+
+EXPORT_BATCH = 2000
+
+_EXPORT_SESSION = sql.SQL(
+    "select {session} from public.chat_sessions s where s.id = %s"
+).format(session=sql.SQL(_SESSION_JSON))
+
+_EXPORT_MESSAGES = sql.SQL(
+    "select h.id, {message} from public.chat_message_history h"
+    " where h.session_id = %s and h.id > %s order by h.id limit %s"
+).format(message=sql.SQL(_MESSAGE_EXPORT_JSON))
+
+_EXPORT_SESSIONS = sql.SQL(
+    "select {session}, s.created_at, s.id from public.chat_sessions s"
+    " where s.user_id = (select auth.uid())"
+    "   and (%(after_at)s::timestamptz is null"
+    "        or (s.created_at, s.id) > (%(after_at)s::timestamptz, %(after_id)s::uuid))"
+    " order by s.created_at, s.id limit %(limit)s"
+).format(session=sql.SQL(_SESSION_JSON))
+
+
+async def export_session_info(
+    conn: psycopg.AsyncConnection[Any], session_id: uuid.UUID
+) -> SessionInfo | None:
+    cur = await conn.execute(_EXPORT_SESSION, (session_id,))
+    row = await cur.fetchone()
+    return SessionInfo.from_json(row[0]) if row else None
+
+
+async def export_messages(
+    conn: psycopg.AsyncConnection[Any], session_id: uuid.UUID, batch: int = EXPORT_BATCH
+) -> AsyncIterator[list[str]]:
+    """A session's messages as export JSON text, oldest first, in batches."""
+    after = 0
+    while True:
+        cur = await conn.execute(_EXPORT_MESSAGES, (session_id, after, batch))
+        rows = await cur.fetchall()
+        if not rows:
+            return
+        yield [r[1] for r in rows]
+        if len(rows) < batch:
+            return
+        after = rows[-1][0]
+
+
+async def export_sessions(
+    conn: psycopg.AsyncConnection[Any], batch: int = 500
+) -> AsyncIterator[list[SessionInfo]]:
+    """All of the caller's sessions, oldest first, in batches."""
+    after: tuple[datetime, uuid.UUID] | None = None
+    while True:
+        cur = await conn.execute(
+            _EXPORT_SESSIONS,
+            {
+                "after_at": after[0] if after else None,
+                "after_id": after[1] if after else None,
+                "limit": batch,
+            },
+        )
+        rows = await cur.fetchall()
+        if not rows:
+            return
+        yield [SessionInfo.from_json(r[0]) for r in rows]
+        if len(rows) < batch:
+            return
+        after = (rows[-1][1], rows[-1][2])
+
+
+async def export_account_extras(
+    conn: psycopg.AsyncConnection[Any],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The caller's active-session pointers and long-term notes."""
+    cur = await conn.execute(
+        "select coalesce(jsonb_agg(jsonb_build_object("
+        "  'agent_name', a.agent_name, 'active_session_id', a.active_session_id,"
+        "  'last_active_at', a.last_active_at, 'created_at', a.created_at)"
+        "  order by a.agent_name), '[]'::jsonb)"
+        " from public.user_agent_active_sessions a where a.user_id = (select auth.uid())"
+    )
+    pointers = await cur.fetchone()
+    cur = await conn.execute(
+        "select coalesce(jsonb_agg(jsonb_build_object("
+        "  'agent_name', m.agent_name, 'notes', m.notes, 'version', m.version,"
+        "  'created_at', m.created_at, 'updated_at', m.updated_at)"
+        "  order by m.agent_name), '[]'::jsonb)"
+        " from public.agent_long_term_memory m where m.user_id = (select auth.uid())"
+    )
+    notes = await cur.fetchone()
+    assert pointers is not None and notes is not None
+    return pointers[0], notes[0]
+
+
+# -------------------------------------------------------------- account
+
+
+async def delete_user_data(db: Database, caller: Caller) -> dict[str, int]:
+    """Delete everything the caller has, in one transaction; returns the counts."""
+    tables = {
+        "messages": "chat_message_history",
+        "active_sessions": "user_agent_active_sessions",
+        "sessions": "chat_sessions",
+        "long_term_memory": "agent_long_term_memory",
+    }
+    cursors = {}
+    async with db.pipeline(caller.claims) as conn:
+        for key, table in tables.items():
+            cursors[key] = conn.cursor()
+            await cursors[key].execute(
+                sql.SQL(
+                    "with d as (delete from public.{} where user_id = (select auth.uid())"
+                    " returning 1) select count(*) from d"
+                ).format(sql.Identifier(table))
+            )
+    counts = {}
+    for key, cur in cursors.items():
+        row = await cur.fetchone()
+        counts[key] = row[0] if row else 0
+    return counts
+
+
+async def database_ok(db: Database) -> bool:
+    async with db.pipeline(None) as conn:
+        cur = conn.cursor()
+        await cur.execute("select 1")
+    return (await cur.fetchone()) == (1,)
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+# -------------------------------------------------------------- cleanup
+# Runs as the connecting (table-owner) role: the one place besides
+# migrations that bypasses RLS. Synchronous: a scheduled batch job.
+
+# Locks a batch of expired sessions, skipping any a live turn holds; the
+# lock re-reads expires_at, so a session a turn has just extended drops out.
+_EXPIRE_BATCH = """
+with doomed as (
+    select s.id from public.chat_sessions s
+     where s.expires_at <= now()
+     order by s.expires_at
+     limit %(batch)s
+     for update skip locked
+), gone_messages as (
+    delete from public.chat_message_history h using doomed d
+     where h.session_id = d.id returning 1
+), gone_sessions as (
+    delete from public.chat_sessions s using doomed d
+     where s.id = d.id returning 1
+)
+select (select count(*) from gone_sessions), (select count(*) from gone_messages)
+"""
+
+_COUNT_EXPIRED = """
+select count(*), coalesce(sum((select count(*) from public.chat_message_history h
+                                where h.session_id = s.id)), 0)::bigint
+  from public.chat_sessions s where s.expires_at <= now()
+"""
+
+
+def expire_sessions_batch(conn: psycopg.Connection[Any], batch: int) -> tuple[int, int]:
+    """Delete up to `batch` expired sessions with their messages, in one transaction.
+
+    Returns (deleted_sessions, deleted_messages).
+    """
+    with conn.transaction():
+        row = conn.execute(_EXPIRE_BATCH, {"batch": batch}).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def count_expired(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """(sessions, messages) a cleanup run would delete now."""
+    row = conn.execute(_COUNT_EXPIRED).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
