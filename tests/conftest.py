@@ -13,8 +13,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from memchat.config import Settings, load_settings
 from memchat.db import Database
+from memchat.devdb import quiet_runtime_dir
 from memchat.migrate import migrate
+from tests.utils.api import ApiClient
+from tests.utils.fake_openai import FakeOpenAI
 from tests.utils.users import UserFactory
 
 
@@ -25,7 +29,7 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         migrate(url)
         yield url
         return
-    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    quiet_runtime_dir()
     import pgserver
 
     data_dir: Path = tmp_path_factory.mktemp("pgdata")
@@ -53,3 +57,50 @@ async def db(database_url: str) -> AsyncIterator[Database]:
     database = Database(database_url, max_connections=30)
     yield database
     await database.close()
+
+
+# ------------------------------------------------------------------ API
+
+JWT_SECRET = "test-jwt-secret-with-at-least-32-characters"
+
+
+@pytest.fixture(scope="session")
+def fake_openai() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def model(fake_openai: FakeOpenAI) -> FakeOpenAI:
+    """The fake model, with an empty script and request log for this test."""
+    fake_openai.reset()
+    return fake_openai
+
+
+def make_settings(database_url: str, model_url: str, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "database_url": database_url,
+        "supabase_jwt_secret": JWT_SECRET,
+        "openai_api_key": "test-key",
+        "openai_base_url": model_url,
+        "openai_model": "fake-model",
+        "openai_max_retries": 0,
+        "openai_timeout_seconds": 5,
+        "db_max_connections": 30,
+    }
+    values.update(overrides)
+    return load_settings(**values)
+
+
+@pytest.fixture
+def settings(database_url: str, fake_openai: FakeOpenAI) -> Settings:
+    return make_settings(database_url, fake_openai.url)
+
+
+@pytest.fixture
+async def api(settings: Settings) -> AsyncIterator[ApiClient]:
+    """An HTTP client for the app (in-process ASGI), with token helpers."""
+    client = ApiClient(settings)
+    yield client
+    await client.aclose()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -20,8 +21,7 @@ STATE_DIR = Path(os.environ.get("MEMCHAT_HOME", ".memchat"))
 
 def start(data_dir: Path | None = None) -> str:
     """Start (or reuse) the embedded server; returns its connection URI."""
-    # pgserver looks up a runtime dir it never needs; keep its warning quiet.
-    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # noqa: S108
+    quiet_runtime_dir()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         import pgserver  # heavy and dev-only: imported where needed
@@ -32,6 +32,13 @@ def start(data_dir: Path | None = None) -> str:
     uri: str = server.get_uri()
     logger.info("embedded PostgreSQL at %s", directory)
     return uri
+
+
+def quiet_runtime_dir() -> None:
+    """pgserver asks platformdirs for a runtime dir it never uses; give it a
+    private one so it does not warn when XDG_RUNTIME_DIR is unset."""
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="memchat-run-")
 
 
 def dev_jwt_secret(state_dir: Path | None = None) -> str:

@@ -1,0 +1,89 @@
+"""Every error as the contract's JSON: {"error", "detail", "request_id"}."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from memchat.errors import MemchatError, Unauthorized
+
+logger = logging.getLogger(__name__)
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    429: "throttled",
+}
+
+
+def request_id_of(request: Request) -> str:
+    return str(getattr(request.state, "request_id", "") or "")
+
+
+def error_response(
+    request: Request, status: int, code: str, detail: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = {"error": code, "detail": detail, "request_id": request_id_of(request)}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "header", "path")]
+    return ".".join(parts) or "body"
+
+
+async def _memchat_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, MemchatError)
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+    if exc.status >= 500:
+        logger.warning("request failed", extra={"error": exc.code, "status": exc.status})
+    return error_response(request, exc.status, exc.code, exc.detail, headers)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return error_response(
+            request, 400, "invalid_json", "The request body is not valid JSON."
+        )
+    details = []
+    for error in errors[:5]:
+        message = str(error.get("msg", "invalid value"))
+        if error.get("type") == "missing":
+            message = "is required"
+        details.append(f"{_field(tuple(error.get('loc', ())))}: {message}")
+    return error_response(request, 422, "validation_error", "; ".join(details) + ".")
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _HTTP_CODES.get(exc.status_code, "error")
+    detail = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+    if exc.status_code == 404 and detail == "Not Found":
+        detail = f"There is no endpoint {request.method} {request.url.path}."
+    if exc.status_code == 405:
+        detail = f"{request.method} is not allowed on {request.url.path}."
+    return error_response(request, exc.status_code, code, detail, dict(exc.headers or {}))
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unhandled error", extra={"error_type": type(exc).__name__})
+    return error_response(request, 500, "internal_error", MemchatError.detail)
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(MemchatError, _memchat_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)

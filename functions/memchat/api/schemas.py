@@ -1,0 +1,99 @@
+"""Request and response bodies of the contract (API.md)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from memchat.config import AGENT_NAME_PATTERN
+from memchat.errors import BadRequest
+from memchat.store import SessionInfo
+
+AgentName = Field(default="default", pattern=AGENT_NAME_PATTERN, description="Agent name.")
+
+
+def parse_session_id(value: str | None, source: str = "session_id") -> uuid.UUID | None:
+    """A session id as the contract accepts it (any-case UUID); 400 otherwise."""
+    if value is None:
+        return None
+    try:
+        return uuid.UUID(value.strip())
+    except (ValueError, AttributeError):
+        raise BadRequest(f"{source} must be a UUID, e.g. 123e4567-e89b-12d3-a456-426614174000.")
+
+
+class ChatBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    message: str = Field(min_length=1, description="The user's message.")
+    session_id: str | None = Field(default=None, description="UUID; also X-Session-ID.")
+    agent_name: str = AgentName
+    use_memory: bool = True
+    max_history_messages: int | None = Field(default=None, ge=1, le=50)
+    client_message_id: str | None = Field(default=None, min_length=1, max_length=128)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class MemoryInfo(BaseModel):
+    enabled: bool
+    messages_in_context: int
+    long_term_notes_used: bool
+    long_term_notes_updated: bool
+    context_truncated: bool
+    retrieval_ms: float
+
+
+class SessionMeta(BaseModel):
+    message_count: int
+    created_at: str
+    last_active_at: str
+    expires_at: str
+
+
+class ChatResponse(BaseModel):
+    answer: str
+    session_id: str
+    agent_name: str
+    model: str
+    usage: Usage
+    memory: MemoryInfo
+    session: SessionMeta | None
+
+
+class SessionOut(BaseModel):
+    id: str
+    agent_name: str
+    title: str | None
+    status: str
+    message_count: int
+    created_at: str
+    last_active_at: str
+    expires_at: str
+
+    @classmethod
+    def of(cls, info: SessionInfo) -> SessionOut:
+        return cls(**info.as_dict())
+
+
+class ErrorOut(BaseModel):
+    error: str
+    detail: str
+    request_id: str
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorOut, "description": description}
+    for status, description in {
+        400: "Malformed id or conflicting input",
+        401: "Missing or invalid access token",
+        404: "Not found (also another user's session)",
+        422: "Body validation failed",
+        503: "Database unavailable",
+    }.items()
+}

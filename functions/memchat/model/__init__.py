@@ -1,0 +1,1 @@
+"""The language model, reached through the `openai` SDK (one place)."""

@@ -1,0 +1,78 @@
+"""The `manage_long_term_memory` tool: its schema and how a call applies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from memchat import notes
+
+TOOL_NAME = "manage_long_term_memory"
+
+TOOL_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "description": (
+            "Read or edit your long-term notes about this user: durable facts and "
+            "preferences worth remembering across conversations. The notes are one "
+            "Markdown document; sections start with Markdown headers (e.g. '## Preferences'). "
+            "Keep them short and factual; never store secrets."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "operation": {"type": "string", "enum": list(notes.OPERATIONS)},
+                "content": {
+                    "type": "string",
+                    "description": "Text for overwrite, append, prepend and "
+                    "replace_section_by_header.",
+                },
+                "header": {
+                    "type": "string",
+                    "description": "Section header for the *_section_by_header operations.",
+                },
+            },
+            "required": ["operation"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@dataclass(frozen=True)
+class NoteEdit:
+    """One applied edit, kept so it can be replayed on newer notes."""
+
+    operation: str
+    content: str
+    header: str
+
+    def apply(self, text: str) -> str:
+        return notes.apply(text, self.operation, content=self.content, header=self.header)
+
+
+def run(arguments: dict[str, Any], current: str, max_chars: int) -> tuple[str, NoteEdit | None]:
+    """Apply one tool call to `current`; returns (tool result text, edit or None).
+
+    Errors are returned as text for the model to read, never raised.
+    """
+    operation = str(arguments.get("operation", ""))
+    content = arguments.get("content") or ""
+    header = arguments.get("header") or ""
+    if not isinstance(content, str) or not isinstance(header, str):
+        return "error: content and header must be strings", None
+    if operation == "read":
+        return current or "(no notes yet)", None
+    edit = NoteEdit(operation, content, header)
+    try:
+        updated = edit.apply(current)
+    except notes.NotesError as exc:
+        return f"error: {exc}", None
+    if len(updated) > max_chars:
+        return (
+            f"error: the notes would be {len(updated)} characters, over the limit of "
+            f"{max_chars}; condense them (e.g. overwrite with a shorter version)",
+            None,
+        )
+    return f"ok: notes updated ({len(updated)} characters)", edit

@@ -1,0 +1,334 @@
+"""One chat turn: resolve the session, build the prompt, run the model and
+its memory tool, then store the whole turn in one transaction.
+
+Nothing is written before the model has answered, so a model failure or
+timeout leaves the database as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from memchat import messages, store
+from memchat.model import tools
+
+if TYPE_CHECKING:
+    from memchat.config import Settings
+    from memchat.db import Database
+    from memchat.model.client import ModelClient
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful assistant with memory. You see the recent messages of this "
+    "conversation and your long-term notes about the user. When the user tells you "
+    "something durable about themselves (name, preferences, ongoing projects) or asks "
+    "you to remember or forget something, update your notes with the "
+    "manage_long_term_memory tool. Do not store secrets or one-off details."
+)
+NOTES_PREAMBLE = "Long-term notes about this user (curated by you across conversations):"
+_MAX_NOTE_RETRIES = 3
+_TITLE_CHARS = 80
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    message: str
+    session_id: uuid.UUID | None = None
+    agent_name: str = "default"
+    use_memory: bool = True
+    max_history_messages: int | None = None
+    client_message_id: str | None = None
+
+
+@dataclass
+class ChatResult:
+    answer: str
+    session_id: uuid.UUID
+    agent_name: str
+    model: str
+    usage: dict[str, int]
+    memory: dict[str, Any]
+    session: store.SessionInfo | None
+    replayed: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ChatService:
+    db: Database
+    model: ModelClient
+    settings: Settings
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+
+    async def run(self, caller: store.Caller, request: ChatRequest) -> ChatResult:
+        if not (self.settings.memory_enabled and request.use_memory):
+            return await self._run_without_memory(request)
+        window = request.max_history_messages or self.settings.memory_max_history_messages
+        started = time.perf_counter()
+        context = await store.load_context(
+            self.db,
+            caller,
+            session_id=request.session_id,
+            agent_name=request.agent_name,
+            window=window,
+            client_message_id=request.client_message_id,
+        )
+        retrieval_ms = (time.perf_counter() - started) * 1000
+        if context.replay is not None:
+            return _replayed(context, retrieval_ms)
+
+        session_id = context.session.id if context.session else request.session_id or uuid.uuid4()
+        agent_name = context.session.agent_name if context.session else request.agent_name
+        notes = context.notes or store.Notes(agent_name, "", 0, None)
+        history, truncated = self._fit(context.messages)
+
+        prompt = [{"role": "system", "content": self.system_prompt}]
+        if notes.notes:
+            prompt.append({"role": "system", "content": f"{NOTES_PREAMBLE}\n{notes.notes}"})
+        prompt.extend(history)
+        prompt.append({"role": "user", "content": request.message})
+
+        model_started = time.perf_counter()
+        outcome = await self._converse(prompt, notes.notes)
+        model_ms = (time.perf_counter() - model_started) * 1000
+
+        stored = [messages.human(request.message), *outcome.messages]
+        turn = store.Turn(
+            session_id=session_id,
+            agent_name=agent_name,
+            messages=stored,
+            title=_title(request.message),
+            ttl=timedelta(hours=self.settings.session_ttl_hours),
+            client_message_id=request.client_message_id,
+            notes=outcome.notes if outcome.edits else None,
+            notes_version=notes.version,
+        )
+        record_started = time.perf_counter()
+        try:
+            session = await self._record(caller, turn, outcome.edits)
+        except store.DuplicateClientMessage:
+            # A concurrent retry with the same client_message_id was stored first.
+            context = await store.load_context(
+                self.db,
+                caller,
+                session_id=session_id,
+                agent_name=agent_name,
+                window=1,
+                read_notes=False,
+                client_message_id=request.client_message_id,
+            )
+            if context.replay is None:
+                raise
+            return _replayed(context, retrieval_ms)
+        record_ms = (time.perf_counter() - record_started) * 1000
+        logger.info(
+            "chat turn stored",
+            extra={
+                "session_id": str(session_id),
+                "agent_name": agent_name,
+                "messages_stored": len(stored),
+                "tool_rounds": outcome.rounds,
+                "retrieval_ms": round(retrieval_ms, 2),
+                "model_ms": round(model_ms, 2),
+                "record_ms": round(record_ms, 2),
+            },
+        )
+        return ChatResult(
+            answer=outcome.answer,
+            session_id=session_id,
+            agent_name=agent_name,
+            model=outcome.model,
+            usage=outcome.usage,
+            memory={
+                "enabled": True,
+                "messages_in_context": len(history),
+                "long_term_notes_used": bool(notes.notes),
+                "long_term_notes_updated": bool(outcome.edits),
+                "context_truncated": truncated,
+                "retrieval_ms": round(retrieval_ms, 3),
+            },
+            session=session,
+            timings={"retrieval_ms": retrieval_ms, "model_ms": model_ms, "record_ms": record_ms},
+        )
+
+    async def _run_without_memory(self, request: ChatRequest) -> ChatResult:
+        prompt = [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": request.message},
+        ]
+        started = time.perf_counter()
+        completion = await self.model.complete(prompt)
+        return ChatResult(
+            answer=completion.content,
+            session_id=request.session_id or uuid.uuid4(),
+            agent_name=request.agent_name,
+            model=completion.model,
+            usage=_usage(completion.usage),
+            memory={
+                "enabled": False,
+                "messages_in_context": 0,
+                "long_term_notes_used": False,
+                "long_term_notes_updated": False,
+                "context_truncated": False,
+                "retrieval_ms": 0.0,
+            },
+            session=None,
+            timings={"model_ms": (time.perf_counter() - started) * 1000},
+        )
+
+    def _fit(self, stored: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
+        """The window as OpenAI messages, dropping the oldest past the char budget."""
+        converted = [m for m in (messages.to_openai(s) for s in stored) if m is not None]
+        budget = self.settings.memory_max_context_chars
+        kept: list[dict[str, Any]] = []
+        used = 0
+        for message in reversed(converted):
+            used += len(message["content"])
+            if used > budget:
+                break
+            kept.append(message)
+        kept.reverse()
+        return kept, len(kept) < len(converted)
+
+    async def _converse(self, prompt: list[dict[str, Any]], current_notes: str) -> _Outcome:
+        outcome = _Outcome(notes=current_notes, model=self.model.model)
+        rounds = self.settings.max_tool_rounds
+        for round_number in range(rounds + 1):
+            completion = await self.model.complete(
+                prompt, [tools.TOOL_SCHEMA], allow_tools=round_number < rounds
+            )
+            outcome.model = completion.model
+            for key, value in completion.usage.items():
+                outcome.usage[key] = outcome.usage.get(key, 0) + value
+            if not completion.tool_calls or round_number == rounds:
+                outcome.answer = completion.content
+                outcome.messages.append(
+                    messages.ai(completion.content, model=completion.model, usage=outcome.usage)
+                )
+                outcome.rounds = round_number
+                return outcome
+            calls = [
+                {"id": c.id, "name": c.name, "args": _safe_args(c.arguments)}
+                for c in completion.tool_calls
+            ]
+            outcome.messages.append(
+                messages.ai(completion.content, tool_calls=calls, model=completion.model)
+            )
+            prompt.append(
+                {
+                    "role": "assistant",
+                    "content": completion.content or None,
+                    "tool_calls": [
+                        {
+                            "id": c.id,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments},
+                        }
+                        for c in completion.tool_calls
+                    ],
+                }
+            )
+            for call in completion.tool_calls:
+                result = self._run_tool(call, outcome)
+                outcome.messages.append(messages.tool(result, tool_call_id=call.id, name=call.name))
+                prompt.append({"role": "tool", "tool_call_id": call.id, "content": result})
+        raise AssertionError("unreachable")
+
+    def _run_tool(self, call: Any, outcome: _Outcome) -> str:
+        if call.name != tools.TOOL_NAME:
+            return f"error: unknown tool {call.name!r}"
+        try:
+            arguments = call.parsed()
+        except ValueError:
+            return "error: arguments must be a JSON object"
+        result, edit = tools.run(arguments, outcome.notes, self.settings.ltm_max_chars)
+        if edit is not None:
+            outcome.notes = edit.apply(outcome.notes)
+            outcome.edits.append(edit)
+        return result
+
+    async def _record(
+        self, caller: store.Caller, turn: store.Turn, edits: list[tools.NoteEdit]
+    ) -> store.SessionInfo:
+        """Store the turn; if the notes moved meanwhile, replay our edits on the new ones."""
+        for attempt in range(_MAX_NOTE_RETRIES + 1):
+            try:
+                return await store.record_turn(self.db, caller, turn)
+            except store.NotesConflict:
+                if attempt == _MAX_NOTE_RETRIES:
+                    raise
+                latest = await store.read_notes(self.db, caller, turn.agent_name)
+                text = latest.notes
+                for edit in edits:
+                    try:
+                        text = edit.apply(text)
+                    except ValueError:
+                        continue  # e.g. the section it deleted is already gone
+                turn.notes = text[: self.settings.ltm_max_chars]
+                turn.notes_version = latest.version
+        raise AssertionError("unreachable")
+
+
+@dataclass
+class _Outcome:
+    notes: str
+    model: str
+    answer: str = ""
+    rounds: int = 0
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    edits: list[tools.NoteEdit] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=dict)
+
+
+def _safe_args(arguments: str) -> dict[str, Any]:
+    import json
+
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {"_raw": arguments}
+    return value if isinstance(value, dict) else {"_raw": arguments}
+
+
+def _usage(usage: dict[str, int]) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.get("prompt_tokens", 0),
+        "completion_tokens": usage.get("completion_tokens", 0),
+    }
+
+
+def _title(message: str) -> str:
+    line = " ".join(message.split())
+    return line if len(line) <= _TITLE_CHARS else line[: _TITLE_CHARS - 1] + "…"
+
+
+def _replayed(context: store.Context, retrieval_ms: float) -> ChatResult:
+    assert context.replay is not None and context.session is not None
+    data = context.replay.message.get("data", {})
+    usage = data.get("usage_metadata") or {}
+    return ChatResult(
+        answer=messages.text_of(context.replay.message),
+        session_id=context.session.id,
+        agent_name=context.session.agent_name,
+        model=(data.get("response_metadata") or {}).get("model_name", ""),
+        usage={
+            "prompt_tokens": usage.get("input_tokens", 0),
+            "completion_tokens": usage.get("output_tokens", 0),
+        },
+        memory={
+            "enabled": True,
+            "messages_in_context": 0,
+            "long_term_notes_used": False,
+            "long_term_notes_updated": False,
+            "context_truncated": False,
+            "retrieval_ms": round(retrieval_ms, 3),
+        },
+        session=context.session,
+        replayed=True,
+    )

@@ -1,0 +1,122 @@
+"""The migrations: idempotent on a fresh database, and the schema they leave.
+
+Checks the security shape DATA.md promises: RLS on every table, nothing for
+`anon`, policies in the `(select auth.uid())` form, and user_id-led indexes
+behind every policy.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from memchat.migrate import discover, migrate
+from tests.utils.store_data import USER_TABLES
+
+TABLES = list(USER_TABLES)
+PRIVILEGES = ["select", "insert", "update", "delete", "truncate", "references", "trigger"]
+
+
+@pytest.fixture
+def fresh_database(admin: psycopg.Connection, database_url: str) -> Iterator[str]:
+    """A new, empty database on the same server, dropped afterwards."""
+    name = f"memchat_fresh_{uuid.uuid4().hex[:12]}"
+    admin.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
+    try:
+        yield make_conninfo(database_url, dbname=name)
+    finally:
+        admin.execute(sql.SQL("drop database {} with (force)").format(sql.Identifier(name)))
+
+
+def test_migrations_apply_twice_on_a_fresh_database(fresh_database: str) -> None:
+    expected = [(m.version, m.name) for m in discover()]
+    assert expected, "no migrations found in supabase/migrations"
+
+    assert migrate(fresh_database) == [version for version, _ in expected]
+    assert migrate(fresh_database) == []
+
+    with psycopg.connect(fresh_database) as conn:
+        recorded = conn.execute(
+            "select version, name, statements from supabase_migrations.schema_migrations"
+            " order by version"
+        ).fetchall()
+        tables = conn.execute(
+            "select c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace"
+            " where n.nspname = 'public' and c.relkind = 'r' order by c.relname"
+        ).fetchall()
+    assert [(v, n) for v, n, _ in recorded] == expected
+    assert all(statements and statements[0].strip() for _, _, statements in recorded)
+    assert sorted(t for (t,) in tables) == sorted(TABLES)
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_row_level_security_is_enabled(admin: psycopg.Connection, table: str) -> None:
+    row = admin.execute(
+        "select relrowsecurity from pg_class where oid = %s::regclass", (f"public.{table}",)
+    ).fetchone()
+    assert row == (True,)
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_anon_has_no_privileges(admin: psycopg.Connection, table: str) -> None:
+    granted = [
+        privilege
+        for privilege in PRIVILEGES
+        if admin.execute(
+            "select has_table_privilege('anon', %s, %s)", (f"public.{table}", privilege)
+        ).fetchone()
+        == (True,)
+    ]
+    assert granted == []
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_policies_are_for_authenticated_and_use_wrapped_auth_uid(
+    admin: psycopg.Connection, table: str
+) -> None:
+    policies = admin.execute(
+        "select policyname, cmd, roles::text[], qual, with_check from pg_policies"
+        " where schemaname = 'public' and tablename = %s",
+        (table,),
+    ).fetchall()
+    # Messages are immutable: no update grant, so no update policy.
+    commands = {"SELECT", "INSERT", "DELETE"} | (
+        set() if table == "chat_message_history" else {"UPDATE"}
+    )
+    assert {cmd for _, cmd, _, _, _ in policies} == commands
+    for name, _, roles, qual, with_check in policies:
+        assert roles == ["authenticated"], name
+        expressions = [e for e in (qual, with_check) if e is not None]
+        assert expressions, name
+        for expression in expressions:
+            calls = len(re.findall(r"auth\.uid\(\)", expression))
+            wrapped = len(re.findall(r"\(\s*SELECT auth\.uid\(\)", expression))
+            assert calls >= 1, f"{name}: {expression}"
+            assert wrapped == calls, f"{name} calls auth.uid() per row: {expression}"
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_an_index_is_led_by_user_id(admin: psycopg.Connection, table: str) -> None:
+    definitions = [
+        indexdef
+        for (indexdef,) in admin.execute(
+            "select indexdef from pg_indexes where schemaname = 'public' and tablename = %s",
+            (table,),
+        ).fetchall()
+    ]
+    led_by_user_id = [d for d in definitions if re.search(r"USING \w+ \(user_id\b", d)]
+    assert led_by_user_id, definitions
+
+
+def test_messages_have_the_window_index(admin: psycopg.Connection) -> None:
+    (indexdef,) = admin.execute(
+        "select indexdef from pg_indexes where schemaname = 'public'"
+        " and indexname = 'chat_message_history_session_id_idx'"
+    ).fetchone()
+    assert indexdef.endswith("(session_id, id DESC)")

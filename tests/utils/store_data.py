@@ -1,0 +1,133 @@
+"""Arranging and inspecting store data in tests.
+
+Turns are written through the store (the code under test); rows are read
+back with the superuser connection, which bypasses row-level security, so
+checks see what is really stored.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from memchat import messages, store
+from memchat.db import SET_CLAIMS, Database
+
+TTL = timedelta(hours=1)
+
+# The four user-owned tables, each with an order that makes snapshots stable.
+USER_TABLES = {
+    "chat_sessions": "id",
+    "user_agent_active_sessions": "agent_name",
+    "chat_message_history": "id",
+    "agent_long_term_memory": "agent_name",
+}
+
+
+def exchange(question: str, answer: str) -> list[dict[str, Any]]:
+    """A plain human + ai pair."""
+    return [messages.human(question), messages.ai(answer)]
+
+
+def tool_exchange(question: str, answer: str, call_id: str = "c1") -> list[dict[str, Any]]:
+    """human, ai asking for a tool, the tool result, the final ai answer."""
+    return [
+        messages.human(question),
+        messages.ai(
+            "",
+            tool_calls=[{"id": call_id, "name": "manage_long_term_memory", "args": {}}],
+        ),
+        messages.tool("saved", tool_call_id=call_id, name="manage_long_term_memory"),
+        messages.ai(answer),
+    ]
+
+
+def turn(
+    session_id: uuid.UUID,
+    msgs: list[dict[str, Any]],
+    *,
+    agent_name: str = "default",
+    title: str | None = None,
+    client_message_id: str | None = None,
+    notes: str | None = None,
+    notes_version: int = 0,
+) -> store.Turn:
+    return store.Turn(
+        session_id=session_id,
+        agent_name=agent_name,
+        messages=msgs,
+        title=title,
+        ttl=TTL,
+        client_message_id=client_message_id,
+        notes=notes,
+        notes_version=notes_version,
+    )
+
+
+async def record(
+    db: Database,
+    caller: store.Caller,
+    msgs: list[dict[str, Any]],
+    *,
+    session_id: uuid.UUID | None = None,
+    **options: Any,
+) -> store.SessionInfo:
+    """Record one turn (in a new session unless `session_id` is given)."""
+    return await store.record_turn(db, caller, turn(session_id or uuid.uuid4(), msgs, **options))
+
+
+def stored_messages(admin: psycopg.Connection, session_id: uuid.UUID) -> list[dict[str, Any]]:
+    """A session's stored messages, in order."""
+    rows = admin.execute(
+        "select message from public.chat_message_history where session_id = %s order by id",
+        (session_id,),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def contents(admin: psycopg.Connection, session_id: uuid.UUID) -> list[tuple[str, str]]:
+    """(type, content) of a session's stored messages, in order."""
+    return [(m["type"], m["data"]["content"]) for m in stored_messages(admin, session_id)]
+
+
+def session_row(admin: psycopg.Connection, session_id: uuid.UUID) -> dict[str, Any] | None:
+    row = admin.execute(
+        "select to_jsonb(s) from public.chat_sessions s where s.id = %s", (session_id,)
+    ).fetchone()
+    return row[0] if row else None
+
+
+def snapshot(admin: psycopg.Connection, user_id: uuid.UUID) -> dict[str, list[dict[str, Any]]]:
+    """Every row a user owns, per table, as JSON."""
+    result = {}
+    for table, order in USER_TABLES.items():
+        query = sql.SQL(
+            "select to_jsonb(t) from public.{table} t where t.user_id = %s order by t.{order}"
+        ).format(table=sql.Identifier(table), order=sql.Identifier(order))
+        result[table] = [r[0] for r in admin.execute(query, (user_id,)).fetchall()]
+    return result
+
+
+@contextmanager
+def acting_as(
+    conn: psycopg.Connection, claims: Mapping[str, Any] | None
+) -> Iterator[psycopg.Connection]:
+    """A transaction on `conn` that runs as the API runs a request.
+
+    With claims: `authenticated` with those claims (memchat.db.SET_CLAIMS).
+    With None: `anon` with no claims. The transaction commits at the end, so
+    anything a statement managed to change really stays changed.
+    """
+    with conn.transaction():
+        if claims is None:
+            conn.execute("select set_config('role', 'anon', true)")
+        else:
+            conn.execute(SET_CLAIMS, (json.dumps(claims),))
+        yield conn
