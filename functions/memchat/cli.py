@@ -1,0 +1,311 @@
+"""`memchat`: run the API locally, migrate, mint dev tokens, chat, clean up.
+
+With no DATABASE_URL, every command uses the embedded PostgreSQL under
+`.memchat/` (started on demand), so nothing needs to be installed or run
+beforehand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import uuid
+from typing import Any
+
+DEFAULT_EMAIL = "dev@example.test"
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def _err(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _database_url() -> str:
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        return url
+    from memchat import devdb
+
+    url = devdb.start()
+    os.environ["DATABASE_URL"] = url
+    return url
+
+
+def _jwt_secret() -> str:
+    secret = os.environ.get("SUPABASE_JWT_SECRET")
+    if secret:
+        return secret
+    from memchat import devdb
+
+    return devdb.dev_jwt_secret()
+
+
+def _migrate(url: str) -> None:
+    from memchat.migrate import migrate
+
+    applied = migrate(url)
+    _err(f"migrations: {len(applied)} applied" + (f" ({', '.join(applied)})" if applied else ""))
+
+
+# ------------------------------------------------------------------ dev
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper())
+    embedded = "DATABASE_URL" not in os.environ
+    url = _database_url()
+    _err(f"database: {'embedded PostgreSQL under .memchat/' if embedded else 'DATABASE_URL'}")
+    _migrate(url)
+    os.environ.setdefault("SUPABASE_JWT_SECRET", _jwt_secret())
+    overrides: dict[str, Any] = {"db_max_connections": 10}
+    if not os.environ.get("OPENAI_API_KEY"):
+        overrides["offline_model"] = True
+        banner = "!" * 72
+        _err(
+            f"\n{banner}\n  OPENAI_API_KEY is not set: answers come from the OFFLINE RESPONDER,"
+            f"\n  a stand-in that echoes and remembers, labelled in every answer."
+            f"\n  Set OPENAI_API_KEY (and OPENAI_BASE_URL for other providers) for a real model."
+            f"\n{banner}\n"
+        )
+    if not os.environ.get("CORS_ALLOW_ORIGINS"):
+        overrides["cors_allow_origins"] = [
+            f"http://{args.host}:{args.port}",
+            "http://localhost:3000",
+            "http://localhost:5173",
+        ]
+    from memchat.config import ConfigError, load_settings
+
+    try:
+        settings = load_settings(**overrides)
+    except ConfigError as exc:
+        _err(str(exc))
+        return 2
+    import uvicorn
+
+    from memchat.api.main import create_app
+
+    app = create_app(settings)
+    _add_chat_page(app)
+    page_token = mint_local_token(None, DEFAULT_EMAIL, 3600 * 12)
+    base = f"http://{args.host}:{args.port}"
+    _err(f"API on {base}   docs: {base}/docs")
+    _err(f"chat page:  {base}/#token={page_token}")
+    _err("terminal:   memchat chat        a token for curl:   memchat token")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def _add_chat_page(app: Any) -> None:
+    """A small browser chat page at / (local development only)."""
+    from importlib.resources import files
+
+    from fastapi.responses import HTMLResponse
+
+    page = (files("memchat") / "static" / "chat.html").read_text(encoding="utf-8")
+
+    @app.get("/", include_in_schema=False)
+    async def chat_page() -> HTMLResponse:
+        return HTMLResponse(page)
+
+
+# ---------------------------------------------------------------- migrate
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    if "DATABASE_URL" not in os.environ:
+        _err("DATABASE_URL is not set: migrating the embedded PostgreSQL under .memchat/")
+    _migrate(_database_url())
+    return 0
+
+
+# ------------------------------------------------------------------ token
+
+
+def ensure_user(url: str, user_id: uuid.UUID | None, email: str) -> uuid.UUID:
+    """The local user with this id or email, created if missing (never on Supabase)."""
+    import psycopg
+
+    from memchat.db import connect_kwargs
+    from memchat.migrate import is_supabase
+
+    with psycopg.connect(url, **connect_kwargs()) as conn:
+        if is_supabase(conn):
+            if user_id is None:
+                raise SystemExit("on Supabase, pass --user-id of a user of your project")
+            return user_id
+        if user_id is None:
+            row = conn.execute("select id from auth.users where email = %s", (email,)).fetchone()
+            user_id = row[0] if row else uuid.uuid4()
+        conn.execute(
+            "insert into auth.users (id, aud, role, email) values"
+            " (%s, 'authenticated', 'authenticated', %s) on conflict do nothing",
+            (user_id, email),
+        )
+    assert user_id is not None
+    return user_id
+
+
+def mint_local_token(user_id: uuid.UUID | None, email: str, ttl_seconds: int) -> str:
+    from memchat import devtokens
+
+    url = _database_url()
+    resolved = ensure_user(url, user_id, email)
+    issuer = os.environ.get("SUPABASE_URL")
+    return devtokens.mint(
+        _jwt_secret(),
+        resolved,
+        email=email,
+        ttl_seconds=ttl_seconds,
+        issuer=f"{issuer.rstrip('/')}/auth/v1" if issuer else None,
+    )
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    token = mint_local_token(args.user_id, args.email, args.ttl)
+    print(token)
+    return 0
+
+
+# ------------------------------------------------------------------- chat
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    import httpx
+
+    token = args.token or os.environ.get("MEMCHAT_TOKEN") or mint_local_token(
+        None, DEFAULT_EMAIL, 3600 * 12
+    )
+    session_id = str(uuid.uuid4())  # an ephemeral session for this run
+    headers = {"Authorization": f"Bearer {token}"}
+    print(f"memchat · agent {args.agent} · session {session_id}")
+    print("Ctrl-D or /quit to leave, /clear to start over, /notes to see long-term notes.\n")
+    with httpx.Client(base_url=args.url, headers=headers, timeout=120) as client:
+        while True:
+            try:
+                line = input("you> ").strip()
+            except (EOFError, KeyboardInterrupt):
+                print()
+                break
+            if not line:
+                continue
+            if line in ("/quit", "/exit"):
+                break
+            try:
+                session_id = _chat_command(client, line, session_id, args.agent)
+            except httpx.HTTPError as exc:
+                print(f"! cannot reach {args.url}: {exc}")
+            except _Handled:
+                continue
+            except KeyboardInterrupt:
+                print()
+                break
+    print(f"bye (session {session_id})")
+    return 0
+
+
+def _chat_command(client: Any, line: str, session_id: str, agent: str) -> str:
+    if line == "/clear":
+        r = client.post("/chat/clear-session", json={"session_id": session_id, "agent_name": agent})
+        if r.status_code == 404:
+            print("(nothing to clear yet)")
+            return session_id
+        _raise_for(r)
+        new_id: str = r.json()["new_session_id"]
+        print(f"(cleared {r.json()['deleted_messages']} messages; new session {new_id})")
+        return new_id
+    if line == "/notes":
+        r = client.get("/memory", params={"agent_name": agent})
+        _raise_for(r)
+        print(r.json()["notes"] or "(no notes yet)")
+        return session_id
+    r = client.post(
+        "/chat", json={"message": line, "session_id": session_id, "agent_name": agent}
+    )
+    _raise_for(r)
+    body = r.json()
+    note = " (notes updated)" if body["memory"]["long_term_notes_updated"] else ""
+    print(f"{agent}> {body['answer']}{note}\n")
+    return session_id
+
+
+def _raise_for(response: Any) -> None:
+    if response.status_code >= 400:
+        try:
+            body = response.json()
+            message = f"{body.get('error')}: {body.get('detail')}"
+        except ValueError:
+            message = response.text[:200]
+        print(f"! {response.status_code} {message}")
+        raise _Handled()
+
+
+class _Handled(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- cleanup
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING").upper())
+    from memchat.usecases.cleanup import run_cleanup
+
+    batch_size = args.batch_size or int(os.environ.get("CLEANUP_BATCH_SIZE", "1000"))
+    result = run_cleanup(
+        _database_url(), batch_size=batch_size, max_seconds=args.max_seconds, dry_run=args.dry_run
+    )
+    print(json.dumps(result.as_dict(), indent=2))
+    return 0
+
+
+# ------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="memchat", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    dev = sub.add_parser("dev", help="run the API locally (embedded PostgreSQL if no DATABASE_URL)")
+    dev.add_argument("--host", default="127.0.0.1")
+    dev.add_argument("--port", type=int, default=8000)
+    dev.set_defaults(func=cmd_dev)
+
+    mig = sub.add_parser("migrate", help="apply supabase/migrations to DATABASE_URL")
+    mig.set_defaults(func=cmd_migrate)
+
+    tok = sub.add_parser("token", help="print a dev access token (creates the user locally)")
+    tok.add_argument("--user-id", type=uuid.UUID, default=None)
+    tok.add_argument("--email", default=DEFAULT_EMAIL)
+    tok.add_argument("--ttl", type=int, default=3600, help="seconds (default 3600)")
+    tok.set_defaults(func=cmd_token)
+
+    chat = sub.add_parser("chat", help="chat in the terminal (a new session per run)")
+    chat.add_argument("--agent", default="default")
+    chat.add_argument("--url", default=os.environ.get("MEMCHAT_URL", DEFAULT_URL))
+    chat.add_argument("--token", default=None, help="access token (default: a local dev token)")
+    chat.set_defaults(func=cmd_chat)
+
+    clean = sub.add_parser("cleanup", help="delete expired sessions now")
+    clean.add_argument("--dry-run", action="store_true", help="only count what would go")
+    clean.add_argument("--max-seconds", type=float, default=None)
+    clean.add_argument("--batch-size", type=int, default=None)
+    clean.set_defaults(func=cmd_cleanup)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except _Handled:
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Creates .venv (Python >= 3.11) and installs memchat with the given extras.
+# Sourced by infra/dev.sh and infra/test.sh; safe to run again (fast when up to date).
+set -euo pipefail
+EXTRAS="${1:-dev}"
+PYTHON="${PYTHON:-python3}"
+
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "memchat needs Python 3.11+ (found: $("$PYTHON" --version 2>&1)); set PYTHON=python3.11" >&2
+  exit 1
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  if ! "$PYTHON" -m venv .venv 2>/dev/null; then
+    # Debian ships venv separately; install it when we may.
+    rm -rf .venv
+    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+      apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+    else
+      echo "python3 -m venv failed: install python3-venv (sudo apt-get install python3-venv)" >&2
+      exit 1
+    fi
+    "$PYTHON" -m venv .venv
+  fi
+fi
+
+STAMP=".venv/.memchat-${EXTRAS}"
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e ".[${EXTRAS}]"
+  touch "$STAMP"
+fi

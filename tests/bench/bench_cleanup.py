@@ -1,0 +1,420 @@
+"""Benchmark: the scheduled cleanup against live chat turns.
+
+Fills 20,000 expired sessions x 50 messages (1,000,000 expired messages)
+next to live sessions with messages of their own, interleaved in the table
+the way real traffic writes them. Then, for each cleanup SQL variant and
+batch size:
+
+* idle: the p50/p99 of chat turns at the store level
+  (`store.load_context` + `store.record_turn` on live sessions), alone;
+* cleanup: `run_cleanup` deletes every expired session while another
+  thread runs the same turns; expired messages deleted per second and the
+  turns' p50/p99 compared with idle.
+
+Targets: >= 200,000 messages/s, turn p99 during cleanup < 2x idle.
+
+    python tests/bench/bench_cleanup.py                    # full size, ~5 min
+    python tests/bench/bench_cleanup.py --expired-sessions 2000 --variants indexed
+
+`--variants` picks the SQL `store.expire_sessions_batch` runs: `current` is
+the store's statement as it is; the others are candidates (patched in for the
+run only) - see VARIANTS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: find `tests`
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from memchat import messages, store
+from memchat.db import Database
+from memchat.usecases.cleanup import run_cleanup
+from tests.bench import _common as common
+from tests.utils.users import claims_for
+
+# ------------------------------------------------------------ SQL variants
+
+# Messages deleted through the (session_id, id desc) index and sessions
+# through the primary key, with the locked ids as one array: no hash join
+# over the whole table per batch.
+INDEXED = """
+with doomed as (
+    select s.id from public.chat_sessions s
+     where s.expires_at <= now()
+     order by s.expires_at
+     limit %(batch)s
+     for update skip locked
+), ids as (
+    select coalesce(array_agg(d.id), '{}') as ids from doomed d
+), gone_messages as (
+    delete from public.chat_message_history h
+     where h.session_id = any((select i.ids from ids i)::uuid[]) returning 1
+), gone_sessions as (
+    delete from public.chat_sessions s
+     where s.id = any((select i.ids from ids i)::uuid[]) returning 1
+)
+select (select count(*) from gone_sessions), (select count(*) from gone_messages)
+"""
+
+# Only the sessions are deleted; their messages go by the FK cascade (one
+# index delete per session, fired by PostgreSQL); counted in the same snapshot.
+CASCADE = """
+with doomed as (
+    select s.id from public.chat_sessions s
+     where s.expires_at <= now()
+     order by s.expires_at
+     limit %(batch)s
+     for update skip locked
+), ids as (
+    select coalesce(array_agg(d.id), '{}') as ids from doomed d
+), counted as (
+    select count(*) as n from public.chat_message_history h
+     where h.session_id = any((select i.ids from ids i)::uuid[])
+), gone_sessions as (
+    delete from public.chat_sessions s
+     where s.id = any((select i.ids from ids i)::uuid[]) returning 1
+)
+select (select count(*) from gone_sessions), (select n from counted)
+"""
+
+VARIANTS = {"current": None, "indexed": INDEXED, "cascade": CASCADE}
+
+
+@contextmanager
+def patched_sql(variant: str) -> Iterator[None]:
+    original = store._EXPIRE_BATCH
+    replacement = VARIANTS[variant]
+    if replacement is not None:
+        store._EXPIRE_BATCH = replacement
+    try:
+        yield
+    finally:
+        store._EXPIRE_BATCH = original
+
+
+@contextmanager
+def timed_batches(into: list[float]) -> Iterator[None]:
+    """Record each `expire_sessions_batch` call's wall time (ms)."""
+    original = store.expire_sessions_batch
+
+    def timed(conn: psycopg.Connection[Any], batch: int) -> tuple[int, int]:
+        began = time.perf_counter()
+        try:
+            return original(conn, batch)
+        finally:
+            into.append((time.perf_counter() - began) * 1000)
+
+    store.expire_sessions_batch = timed  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        store.expire_sessions_batch = original  # type: ignore[assignment]
+
+
+# -------------------------------------------------------------------- data
+
+CONTENT = "x" * 120  # a short chat message; the stored row is ~350 bytes
+
+
+@dataclass(frozen=True)
+class Shape:
+    expired_sessions: int
+    live_sessions: int
+    messages_per_session: int
+    sessions_per_user: int
+
+
+def reset(admin: psycopg.Connection[Any]) -> None:
+    admin.execute(
+        "truncate public.chat_message_history, public.user_agent_active_sessions,"
+        " public.agent_long_term_memory, public.chat_sessions, auth.users"
+    )
+
+
+def fill(admin: psycopg.Connection[Any], shape: Shape) -> list[tuple[uuid.UUID, uuid.UUID]]:
+    """Expired and live sessions with interleaved messages; returns live (session, user)."""
+    total = shape.expired_sessions + shape.live_sessions
+    users = -(-total // shape.sessions_per_user)
+    human = messages.human(CONTENT)
+    ai = messages.ai(CONTENT)
+    with admin.transaction():
+        admin.execute(
+            "create temp table bench_users on commit drop as"
+            " select g as n, gen_random_uuid() as id from generate_series(1, %s) g",
+            (users,),
+        )
+        admin.execute(
+            "insert into auth.users (id, aud, role, email)"
+            " select id, 'authenticated', 'authenticated', id || '@bench.test' from bench_users"
+        )
+        # Session k: expired for k <= E (oldest first), live after.
+        admin.execute(
+            "create temp table bench_sessions on commit drop as"
+            " select k, gen_random_uuid() as id, u.id as user_id, k > %(e)s as live"
+            " from generate_series(1, %(total)s) k"
+            " join bench_users u on u.n = 1 + (k - 1) / %(per_user)s",
+            {"e": shape.expired_sessions, "total": total, "per_user": shape.sessions_per_user},
+        )
+        admin.execute(
+            "insert into public.chat_sessions (id, user_id, agent_name, title, message_count,"
+            " created_at, last_active_at, expires_at)"
+            " select id, user_id, 'agent' || (k %% 3), 'bench', %(m)s,"
+            "  now() - interval '30 days',"
+            "  case when live then now() else now() - interval '8 days' end,"
+            "  case when live then now() + interval '7 days'"
+            "       else now() - interval '1 day' + k * interval '1 second' end"
+            " from bench_sessions",
+            {"m": shape.messages_per_session},
+        )
+        # Messages arrive interleaved across sessions, as real traffic writes them.
+        admin.execute(
+            "insert into public.chat_message_history (session_id, user_id, message, created_at)"
+            " select s.id, s.user_id, case when m %% 2 = 1 then %(human)s else %(ai)s end,"
+            "  now() - interval '8 days'"
+            " from generate_series(1, %(m)s) m cross join bench_sessions s order by m, s.k",
+            {"m": shape.messages_per_session, "human": Jsonb(human), "ai": Jsonb(ai)},
+        )
+        # One active pointer and notes per user and agent of their first session.
+        admin.execute(
+            "insert into public.user_agent_active_sessions (user_id, agent_name,"
+            " active_session_id)"
+            " select distinct on (s.user_id, c.agent_name) s.user_id, c.agent_name, s.id"
+            " from bench_sessions s join public.chat_sessions c on c.id = s.id"
+            " order by s.user_id, c.agent_name, s.k desc"
+        )
+        admin.execute(
+            "insert into public.agent_long_term_memory (user_id, agent_name, notes)"
+            " select distinct on (s.user_id) s.user_id, 'agent0', '# Name\nBench'"
+            " from bench_sessions s order by s.user_id"
+        )
+        live = admin.execute(
+            "select id, user_id from bench_sessions where live order by k"
+        ).fetchall()
+    return [(row[0], row[1]) for row in live]
+
+
+def settle(admin: psycopg.Connection[Any]) -> None:
+    common.vacuum_analyze(
+        admin,
+        "public.chat_message_history",
+        "public.chat_sessions",
+        "public.user_agent_active_sessions",
+        "public.agent_long_term_memory",
+        "auth.users",
+    )
+    admin.execute("checkpoint")
+
+
+def expired_counts(admin: psycopg.Connection[Any]) -> tuple[int, int]:
+    return store.count_expired(admin)
+
+
+# ------------------------------------------------------------------- turns
+
+
+async def one_turn(db: Database, session_id: uuid.UUID, user_id: uuid.UUID) -> float:
+    caller = store.Caller(user_id=user_id, claims=claims_for(user_id))
+    began = time.perf_counter()
+    ctx = await store.load_context(
+        db, caller, session_id=session_id, agent_name="agent0", window=10
+    )
+    assert ctx.session is not None and not ctx.expired, "a live session must stay live"
+    await store.record_turn(
+        db,
+        caller,
+        store.Turn(
+            session_id=session_id,
+            agent_name=ctx.session.agent_name,
+            messages=[messages.human("hello again"), messages.ai(CONTENT)],
+            title=None,
+            ttl=timedelta(hours=168),
+        ),
+    )
+    return (time.perf_counter() - began) * 1000
+
+
+async def run_turns(
+    url: str,
+    live: list[tuple[uuid.UUID, uuid.UUID]],
+    *,
+    count: int | None,
+    stop: Callable[[], bool] = lambda: False,
+    started: threading.Event | None = None,
+) -> list[float]:
+    """Turns one after another (one client) until `count` or `stop()`."""
+    rng = random.Random(5)
+    db = Database(url, max_connections=1)
+    samples: list[float] = []
+    try:
+        for _ in range(20):  # warm the connection and caches
+            await one_turn(db, *rng.choice(live))
+        if started is not None:
+            started.set()
+        while not stop() and (count is None or len(samples) < count):
+            samples.append(await one_turn(db, *rng.choice(live)))
+    finally:
+        await db.close()
+    return samples
+
+
+# -------------------------------------------------------------------- runs
+
+
+@dataclass
+class Row:
+    variant: str
+    batch: int
+    sessions: int
+    messages: int
+    batches: int
+    seconds: float
+    batch_p50: float
+    batch_max: float
+    idle: list[float]
+    during: list[float]
+
+    def cells(self) -> list[str]:
+        idle_p99 = common.percentile(self.idle, 99)
+        during_p99 = common.percentile(self.during, 99)
+        return [
+            self.variant,
+            str(self.batch),
+            f"{self.messages:,}",
+            str(self.batches),
+            f"{self.seconds:.2f}",
+            f"{self.messages / self.seconds:,.0f}",
+            f"{self.batch_p50:.0f} / {self.batch_max:.0f}",
+            f"{statistics.median(self.idle):.2f} / {idle_p99:.2f}",
+            f"{statistics.median(self.during):.2f} / {during_p99:.2f}" if self.during else "-",
+            f"{during_p99 / idle_p99:.2f}x" if self.during else "-",
+            str(len(self.during)),
+        ]
+
+
+HEADERS = [
+    "sql",
+    "batch",
+    "expired msgs",
+    "batches",
+    "cleanup s",
+    "msgs/s",
+    "batch p50/max ms",
+    "idle turn p50/p99 ms",
+    "turn p50/p99 during",
+    "p99 ratio",
+    "turns during",
+]
+
+
+def one_run(
+    url: str, admin: psycopg.Connection[Any], shape: Shape, variant: str, batch: int, turns: int
+) -> Row:
+    reset(admin)
+    began = time.perf_counter()
+    live = fill(admin, shape)
+    settle(admin)
+    print(f"  filled and settled in {time.perf_counter() - began:.1f} s", flush=True)
+    expected_sessions, expected_messages = expired_counts(admin)
+    idle = asyncio.run(run_turns(url, live, count=turns))
+
+    done = threading.Event()
+    started = threading.Event()
+    during: list[float] = []
+
+    def background() -> None:
+        during.extend(
+            asyncio.run(run_turns(url, live, count=None, stop=done.is_set, started=started))
+        )
+
+    thread = threading.Thread(target=background, name="turns")
+    thread.start()
+    started.wait()
+    batch_ms: list[float] = []
+    try:
+        with patched_sql(variant), timed_batches(batch_ms):
+            result = run_cleanup(url, batch_size=batch)
+    finally:
+        done.set()
+        thread.join()
+    assert result.finished, result
+    assert result.deleted_sessions == expected_sessions, (result, expected_sessions)
+    assert result.deleted_messages == expected_messages, (result, expected_messages)
+    left = admin.execute(
+        "select count(*) from public.chat_sessions where expires_at > now()"
+    ).fetchone()
+    assert left is not None and left[0] == shape.live_sessions, left
+    return Row(
+        variant=variant,
+        batch=batch,
+        sessions=result.deleted_sessions,
+        messages=result.deleted_messages,
+        batches=result.batches,
+        seconds=result.duration_ms / 1000,
+        batch_p50=statistics.median(batch_ms),
+        batch_max=max(batch_ms),
+        idle=idle,
+        during=during,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--expired-sessions", type=int, default=20_000)
+    parser.add_argument("--live-sessions", type=int, default=2_000)
+    parser.add_argument("--messages-per-session", type=int, default=50)
+    parser.add_argument("--sessions-per-user", type=int, default=10)
+    parser.add_argument("--batch-sizes", default="1000,5000")
+    parser.add_argument("--variants", default="current,indexed")
+    parser.add_argument("--turns", type=int, default=300, help="idle turns per run")
+    args = parser.parse_args()
+    shape = Shape(
+        args.expired_sessions,
+        args.live_sessions,
+        args.messages_per_session,
+        args.sessions_per_user,
+    )
+    variants = args.variants.split(",")
+    unknown = set(variants) - VARIANTS.keys()
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; choose from {sorted(VARIANTS)}")
+    rows: list[Row] = []
+    with common.database() as target:
+        admin = common.admin_connection(target.url)
+        for variant in variants:
+            for batch in (int(b) for b in args.batch_sizes.split(",")):
+                print(f"run: sql={variant} batch={batch}", flush=True)
+                rows.append(one_run(target.url, admin, shape, variant, batch, args.turns))
+                print(common.format_table(HEADERS, [rows[-1].cells()]), flush=True)
+        print()
+        print(common.machine_report(admin, target))
+        print(
+            f"data:       {shape.expired_sessions:,} expired sessions x"
+            f" {shape.messages_per_session} messages"
+            f" + {shape.live_sessions:,} live sessions x {shape.messages_per_session},"
+            f" {shape.sessions_per_user} sessions per user, messages interleaved"
+        )
+        print("turn:       store.load_context + store.record_turn (2 messages), one client")
+        print()
+        print(common.format_table(HEADERS, [r.cells() for r in rows]))
+        admin.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,341 @@
+"""Row-level security: user B can neither see nor change user A's rows.
+
+Proved at the SQL level, statement by statement, exactly as the API runs a
+request (role `authenticated` plus B's claims in one transaction), for every
+table; then for `anon`; then through the store's own entry points.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.abc import Query
+from psycopg.types.json import Jsonb
+
+from memchat import messages, store
+from memchat.errors import SessionNotFound
+from tests.utils.store_data import (
+    TTL,
+    USER_TABLES,
+    acting_as,
+    exchange,
+    record,
+    snapshot,
+    turn,
+)
+from tests.utils.users import UserFactory
+
+TABLES = list(USER_TABLES)
+MESSAGE = Jsonb(messages.human("written by someone else"))
+
+# Per table: a harmless change to A's rows, a change that hands them to B,
+# and an insert of a row owned by A.
+UPDATES = {
+    "chat_sessions": "update public.chat_sessions set title = 'changed' where user_id = %(a)s",
+    "user_agent_active_sessions": "update public.user_agent_active_sessions"
+    " set last_active_at = now() - interval '1 day' where user_id = %(a)s",
+    "chat_message_history": "update public.chat_message_history"
+    " set message = %(message)s where user_id = %(a)s",
+    "agent_long_term_memory": "update public.agent_long_term_memory"
+    " set notes = 'changed', version = version + 1 where user_id = %(a)s",
+}
+TAKEOVER = "update public.{table} set user_id = %(b)s where user_id = %(a)s"
+DELETE = "delete from public.{table} where user_id = %(a)s"
+INSERTS_AS_A = {
+    "chat_sessions": "insert into public.chat_sessions (id, user_id, agent_name)"
+    " values (gen_random_uuid(), %(a)s, 'default')",
+    "user_agent_active_sessions": "insert into public.user_agent_active_sessions"
+    " (user_id, agent_name, active_session_id) values (%(a)s, 'other', %(a_session)s)",
+    "chat_message_history": "insert into public.chat_message_history"
+    " (session_id, user_id, message) values (%(a_session)s, %(a)s, %(message)s)",
+    "agent_long_term_memory": "insert into public.agent_long_term_memory"
+    " (user_id, agent_name, notes) values (%(a)s, 'other', 'planted')",
+}
+
+
+@dataclass(frozen=True)
+class World:
+    a: store.Caller
+    b: store.Caller
+    a_session: uuid.UUID
+    b_session: uuid.UUID
+    a_rows: dict[str, list[dict[str, Any]]]
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return {
+            "a": self.a.user_id,
+            "b": self.b.user_id,
+            "a_session": self.a_session,
+            "b_session": self.b_session,
+            "message": MESSAGE,
+        }
+
+
+@pytest.fixture(scope="module")
+def world(admin: psycopg.Connection, users: UserFactory) -> World:
+    """A owns a row in every table; B owns a session and its active pointer."""
+    a, b = users.create(), users.create()
+    a_session, b_session = uuid.uuid4(), uuid.uuid4()
+    with admin.transaction():
+        for owner, session in ((a, a_session), (b, b_session)):
+            admin.execute(
+                "insert into public.chat_sessions (id, user_id, title, message_count)"
+                " values (%s, %s, 'hello', 2)",
+                (session, owner.user_id),
+            )
+            admin.execute(
+                "insert into public.user_agent_active_sessions"
+                " (user_id, agent_name, active_session_id) values (%s, 'default', %s)",
+                (owner.user_id, session),
+            )
+        for message in exchange("hello", "hi A"):
+            admin.execute(
+                "insert into public.chat_message_history (session_id, user_id, message)"
+                " values (%s, %s, %s)",
+                (a_session, a.user_id, Jsonb(message)),
+            )
+        admin.execute(
+            "insert into public.agent_long_term_memory (user_id, agent_name, notes)"
+            " values (%s, 'default', 'A likes tea')",
+            (a.user_id,),
+        )
+    a_rows = snapshot(admin, a.user_id)
+    assert all(len(rows) >= 1 for rows in a_rows.values())
+    return World(a, b, a_session, b_session, a_rows)
+
+
+@pytest.fixture
+def conn(database_url: str) -> Iterator[psycopg.Connection]:
+    """A connection of the connecting role; `acting_as` drops to a user's role."""
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        yield connection
+
+
+@pytest.fixture
+def unchanged(world: World, admin: psycopg.Connection) -> Iterator[None]:
+    """After the test, A's rows are exactly as arranged."""
+    yield
+    assert snapshot(admin, world.a.user_id) == world.a_rows
+
+
+def on(template: str, table: str) -> sql.Composed:
+    return sql.SQL(template).format(table=sql.Identifier(table))
+
+
+def refused(conn: psycopg.Connection, query: Query, params: dict[str, Any]) -> bool:
+    """Whether the database refuses the statement (the savepoint keeps the transaction)."""
+    try:
+        with conn.transaction():
+            conn.execute(query, params)
+    except psycopg.errors.InsufficientPrivilege:
+        return True
+    return False
+
+
+def affected(conn: psycopg.Connection, query: Query, params: dict[str, Any]) -> int | str:
+    """Rows the statement changed, or "refused"."""
+    try:
+        with conn.transaction():
+            return conn.execute(query, params).rowcount
+    except psycopg.errors.InsufficientPrivilege:
+        return "refused"
+
+
+# ------------------------------------------------------------ user B, SQL
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_b_sees_no_row_of_anyone_else(
+    conn: psycopg.Connection, world: World, unchanged: None, table: str
+) -> None:
+    with acting_as(conn, world.b.claims):
+        (of_a,) = conn.execute(
+            on("select count(*) from public.{table} where user_id = %(a)s", table), world.params
+        ).fetchone()
+        (not_own,) = conn.execute(
+            on("select count(*) from public.{table} where user_id <> %(b)s", table), world.params
+        ).fetchone()
+    assert (of_a, not_own) == (0, 0)
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_b_cannot_update_rows_of_a(
+    conn: psycopg.Connection, world: World, unchanged: None, table: str
+) -> None:
+    with acting_as(conn, world.b.claims):
+        assert affected(conn, UPDATES[table], world.params) in (0, "refused")
+        assert affected(conn, on(TAKEOVER, table), world.params) in (0, "refused")
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_b_cannot_delete_rows_of_a(
+    conn: psycopg.Connection, world: World, unchanged: None, table: str
+) -> None:
+    with acting_as(conn, world.b.claims):
+        deleted = affected(conn, on(DELETE, table), world.params)
+    assert deleted == 0
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_b_cannot_insert_rows_owned_by_a(
+    conn: psycopg.Connection, world: World, unchanged: None, table: str
+) -> None:
+    with acting_as(conn, world.b.claims):
+        assert refused(conn, INSERTS_AS_A[table], world.params)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        pytest.param(
+            "insert into public.chat_message_history (session_id, user_id, message)"
+            " values (%(a_session)s, %(b)s, %(message)s)",
+            id="user_id=B",
+        ),
+        pytest.param(
+            "insert into public.chat_message_history (session_id, message)"
+            " values (%(a_session)s, %(message)s)",
+            id="user_id-omitted",
+        ),
+        pytest.param(
+            "insert into public.chat_message_history (session_id, user_id, message)"
+            " values (%(b_session)s, %(a)s, %(message)s)",
+            id="B-session-user_id=A",
+        ),
+    ],
+)
+def test_b_cannot_add_messages_to_a_session(
+    conn: psycopg.Connection, world: World, unchanged: None, query: str
+) -> None:
+    with acting_as(conn, world.b.claims):
+        assert refused(conn, query, world.params)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        pytest.param(
+            "insert into public.user_agent_active_sessions"
+            " (user_id, agent_name, active_session_id) values (%(b)s, 'other', %(a_session)s)",
+            id="insert",
+        ),
+        pytest.param(
+            "update public.user_agent_active_sessions set active_session_id = %(a_session)s"
+            " where user_id = %(b)s and agent_name = 'default'",
+            id="update",
+        ),
+        pytest.param(
+            "insert into public.user_agent_active_sessions as p"
+            " (user_id, agent_name, active_session_id) values (%(b)s, 'default', %(a_session)s)"
+            " on conflict (user_id, agent_name)"
+            " do update set active_session_id = excluded.active_session_id",
+            id="upsert",
+        ),
+    ],
+)
+def test_b_cannot_point_its_active_session_at_a_session(
+    conn: psycopg.Connection, world: World, admin: psycopg.Connection, unchanged: None, query: str
+) -> None:
+    with acting_as(conn, world.b.claims):
+        assert refused(conn, query, world.params)
+    pointers = admin.execute(
+        "select active_session_id from public.user_agent_active_sessions where user_id = %s",
+        (world.b.user_id,),
+    ).fetchall()
+    assert pointers == [(world.b_session,)]
+
+
+def test_b_cannot_take_over_a_session_id_by_upsert(
+    conn: psycopg.Connection, world: World, unchanged: None
+) -> None:
+    """What record_turn issues: an upsert on the session id."""
+    with acting_as(conn, world.b.claims):
+        assert refused(
+            conn,
+            "insert into public.chat_sessions as s (id, user_id) values (%(a_session)s, %(b)s)"
+            " on conflict (id) do update set title = 'mine', message_count = 0",
+            world.params,
+        )
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_authenticated_without_claims_sees_nothing(
+    conn: psycopg.Connection, world: World, table: str
+) -> None:
+    with conn.transaction():
+        conn.execute("select set_config('role', 'authenticated', true)")
+        (count,) = conn.execute(on("select count(*) from public.{table}", table)).fetchone()
+    assert count == 0
+
+
+# ----------------------------------------------------------------- anon
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_anon_can_neither_read_nor_write(
+    conn: psycopg.Connection, world: World, unchanged: None, table: str
+) -> None:
+    with acting_as(conn, None):
+        try:
+            with conn.transaction():
+                rows = conn.execute(on("select * from public.{table}", table)).fetchall()
+        except psycopg.errors.InsufficientPrivilege:
+            rows = []
+        assert rows == []
+        assert refused(conn, INSERTS_AS_A[table], world.params)
+        assert affected(conn, UPDATES[table], world.params) in (0, "refused")
+        assert affected(conn, on(DELETE, table), world.params) in (0, "refused")
+
+
+# ---------------------------------------------------------- user B, store
+
+
+async def test_b_cannot_load_a_session(db, users: UserFactory, world: World, unchanged) -> None:
+    b = users.create()
+    with pytest.raises(SessionNotFound):
+        await store.load_context(
+            db, b, session_id=world.a_session, agent_name="default", window=10
+        )
+
+
+async def test_b_cannot_record_a_turn_into_a_session(
+    db, users: UserFactory, world: World, unchanged
+) -> None:
+    b = users.create()
+    with pytest.raises(SessionNotFound):
+        await store.record_turn(db, b, turn(world.a_session, exchange("mine now?", "no")))
+
+
+async def test_b_cannot_clear_a_session(db, users: UserFactory, world: World, unchanged) -> None:
+    b = users.create()
+    with pytest.raises(SessionNotFound):
+        await store.clear_session(
+            db, b, session_id=world.a_session, agent_name="default", ttl=TTL
+        )
+
+
+async def test_b_reads_nothing_of_a(db, users: UserFactory, world: World, unchanged) -> None:
+    b = users.create()
+    assert await store.list_sessions(db, b, agent_name=None, limit=100) == []
+    assert await store.active_session(db, b, "default") is None
+    notes = await store.read_notes(db, b, "default")
+    assert (notes.notes, notes.version) == ("", 0)
+    ctx = await store.load_context(db, b, session_id=None, agent_name="default", window=10)
+    assert ctx.session is None and ctx.messages == []
+
+
+async def test_delete_user_data_of_b_leaves_a_intact(
+    db, admin, users: UserFactory, world: World, unchanged
+) -> None:
+    b = users.create()
+    await record(db, b, exchange("hello", "hi B"), notes="B likes coffee")
+    counts = await store.delete_user_data(db, b)
+    assert counts == {"messages": 2, "active_sessions": 1, "sessions": 1, "long_term_memory": 1}
+    assert all(rows == [] for rows in snapshot(admin, b.user_id).values())
