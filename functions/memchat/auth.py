@@ -25,19 +25,41 @@ _LEEWAY_SECONDS = 10
 
 
 class TokenVerifier:
-    def __init__(self, settings: Settings) -> None:
+    """Verifies access tokens; one per process, so the key set stays cached.
+
+    The project's key set is cached for `jwks_lifespan` seconds (a key removed
+    from it, e.g. revoked, stops being accepted within that time). A token
+    naming a kid that is not in the cached set refetches it, at most once per
+    `jwks_refetch_cooldown` seconds, so tokens with made-up kids cannot make
+    every request fetch the keys.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        jwks_lifespan: float = 600.0,
+        jwks_refetch_cooldown: float = 30.0,
+    ) -> None:
         self._secret = settings.supabase_jwt_secret
         self._issuer = settings.jwt_issuer
         self._jwks_url = settings.jwks_url
+        self._jwks_lifespan = jwks_lifespan
+        self._jwks_refetch_cooldown = jwks_refetch_cooldown
         self._jwks: jwt.PyJWKClient | None = None
 
     def _jwks_client(self) -> jwt.PyJWKClient:
         if self._jwks is None:
             assert self._jwks_url is not None
-            # Keys are cached for the life of the (warm) Lambda instance;
-            # PyJWKClient refetches the set when a kid is not in it.
+            # Only the whole set is cached: a per-kid cache (cache_keys) would
+            # keep trusting a revoked key for the life of a warm instance.
             self._jwks = jwt.PyJWKClient(
-                self._jwks_url, cache_keys=True, lifespan=3600, timeout=5
+                self._jwks_url,
+                cache_keys=False,
+                cache_jwk_set=True,
+                lifespan=self._jwks_lifespan,
+                cooldown_duration=self._jwks_refetch_cooldown,
+                timeout=5,
             )
         return self._jwks
 
@@ -51,7 +73,7 @@ class TokenVerifier:
             signing_key = self._jwks_client().get_signing_key_from_jwt(token)
         except jwt.PyJWKClientConnectionError as exc:
             raise Unauthorized("The signing keys could not be fetched; retry shortly.") from exc
-        algorithm = {"EC": "ES256", "RSA": "RS256"}.get(signing_key.key_type)
+        algorithm = {"EC": "ES256", "RSA": "RS256"}.get(signing_key.key_type or "")
         if algorithm is None:
             raise Unauthorized("This token's signing key is not an ES256 or RS256 key.")
         return signing_key.key, [algorithm]

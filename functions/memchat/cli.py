@@ -55,6 +55,7 @@ def _migrate(url: str) -> None:
 
 def cmd_dev(args: argparse.Namespace) -> int:
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper())
+    logging.getLogger("pgserver").setLevel(logging.WARNING)
     embedded = "DATABASE_URL" not in os.environ
     url = _database_url()
     _err(f"database: {'embedded PostgreSQL under .memchat/' if embedded else 'DATABASE_URL'}")

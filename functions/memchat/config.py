@@ -51,6 +51,14 @@ class Settings(BaseSettings):
     # Connections held by one process: 1 in Lambda (one request at a time).
     db_max_connections: int = Field(default=1, ge=1, le=100)
 
+    @field_validator(
+        "supabase_url", "supabase_jwt_secret", "openai_api_key", "openai_base_url", mode="before"
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # Deployment templates pass "" for a parameter left blank: that means unset.
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("cors_allow_origins", mode="before")
     @classmethod
     def _split_origins(cls, value: object) -> object:

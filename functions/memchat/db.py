@@ -28,10 +28,12 @@ from memchat.errors import DatabaseUnavailable
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
 
-# `set local role` + `set local request.jwt.claims`, in one statement.
+# `set local role` + `set local request.jwt.claims` (+ UTC timestamps in
+# JSON built by the database), in one statement.
 SET_CLAIMS = (
     "select set_config('role', 'authenticated', true), "
-    "set_config('request.jwt.claims', %s, true)"
+    "set_config('request.jwt.claims', %s, true), "
+    "set_config('timezone', 'UTC', true)"
 )
 # A connection idle longer than this is pinged before use: Lambda freezes
 # and poolers close idle clients, and a dead socket must not fail a turn.

@@ -70,9 +70,18 @@ def text_of(message: dict[str, Any]) -> str:
     content = message.get("data", {}).get("content", "")
     if isinstance(content, str):
         return content
-    # Multimodal content blocks (written by other LangChain apps): keep the text.
-    parts = [p.get("text", "") for p in content if isinstance(p, dict)]
-    return "".join(parts) if parts else json.dumps(content)
+    if content is None:
+        return ""
+    # Multimodal content (written by other LangChain apps): a list of strings and
+    # blocks; keep the text.
+    if not isinstance(content, list):
+        return json.dumps(content)
+    parts = [
+        p if isinstance(p, str) else str(p.get("text") or "")
+        for p in content
+        if isinstance(p, str) or (isinstance(p, dict) and p.get("type", "text") == "text")
+    ]
+    return "".join(parts)
 
 
 def to_openai(message: dict[str, Any]) -> dict[str, Any] | None:

@@ -65,10 +65,22 @@ def _join(*parts: str) -> str:
     return "\n\n".join(p.strip("\n") for p in parts if p.strip())
 
 
+def _body(content: str, header: str) -> str:
+    """The section body; a model often repeats the section's header as its first line."""
+    lines = content.strip("\n").split("\n")
+    first = _HEADER.match(lines[0])
+    if first and _normalise(first.group(2)) == _normalise(header):
+        lines = lines[1:]
+    return "\n".join(lines).strip("\n")
+
+
 def apply(notes: str, operation: str, *, content: str = "", header: str = "") -> str:
     """Return the notes after `operation`; raises NotesError when it cannot apply."""
     if operation == "read":
         return notes
+    if operation in ("overwrite", "append", "prepend") and not content.strip():
+        # An edit that forgot its content must not wipe the notes or report a change.
+        raise NotesError(f"{operation} needs content (delete_all_notes clears the notes)")
     if operation == "overwrite":
         return content.strip("\n")
     if operation == "append":
@@ -87,9 +99,12 @@ def apply(notes: str, operation: str, *, content: str = "", header: str = "") ->
                 raise NotesError(f"no section with header {header.strip()!r}")
             kept = lines[: section.start] + lines[section.end :]
             return "\n".join(kept).strip("\n")
+        body = _body(content, header)
         if section is None:
-            return _join(notes, _header_line(header) + "\n" + content.strip("\n"))
-        body = [content.strip("\n"), ""] if section.end < len(lines) else [content.strip("\n")]
-        replaced = lines[: section.start + 1] + body + lines[section.end :]
+            return _join(notes, _header_line(header) + "\n" + body)
+        new_lines = [body] if body else []
+        if section.end < len(lines):
+            new_lines.append("")
+        replaced = lines[: section.start + 1] + new_lines + lines[section.end :]
         return "\n".join(replaced).strip("\n")
     raise NotesError(f"unknown operation {operation!r}; use one of {', '.join(OPERATIONS)}")

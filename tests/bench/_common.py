@@ -17,7 +17,7 @@ directly, e.g. `python tests/bench/bench_memory.py`. Each script:
         print(common.machine_report(admin, target))
         print(common.format_table(["case", "median ms"], [["x", f"{stats.median:.3f}"]]))
 
-`database()` applies the migrations, exactly as the test suite does (see
+`database()` applies the migrations, as the test suite does (see
 `tests/conftest.py`): the embedded PostgreSQL (pgserver) in a temporary
 directory, unless DATABASE_URL points at a disposable database.
 """
@@ -32,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ ensure_import_path()
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
 
+from memchat.devdb import quiet_runtime_dir  # noqa: E402
 from memchat.migrate import migrate  # noqa: E402
 from memchat.store import Caller  # noqa: E402
 from tests.utils.users import UserFactory  # noqa: E402
@@ -88,8 +90,10 @@ def database(*, apply_migrations: bool = True) -> Iterator[Target]:
             migrate(url)
         yield Target(url=url, embedded=False)
         return
-    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
-    import pgserver
+    quiet_runtime_dir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import pgserver
 
     with tempfile.TemporaryDirectory(prefix="memchat-bench-") as tmp:
         server = pgserver.get_server(Path(tmp) / "pgdata", cleanup_mode="stop")
@@ -204,12 +208,25 @@ def command_line() -> str:
     return shlex.join([Path(sys.executable).as_posix(), *sys.argv])
 
 
-def machine_report(conn: psycopg.Connection[Any], target: Target) -> str:
+def load_average() -> str:
+    """The 1/5/15-minute load averages: other work on the machine skews timings."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "unknown"
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def machine_report(
+    conn: psycopg.Connection[Any], target: Target, *, load_at_start: str | None = None
+) -> str:
+    """Python, PostgreSQL, CPUs, load and the command, one per line."""
+    load = f"{load_at_start} at start, {load_average()} at end" if load_at_start else load_average()
     return "\n".join(
         [
             f"python:     {platform.python_version()} ({platform.python_implementation()})",
             f"postgresql: {server_version(conn)} ({target.description})",
-            f"cpus:       {os.cpu_count()}",
+            f"cpus:       {os.cpu_count()} (load average 1/5/15 min: {load})",
             f"platform:   {platform.platform()}",
             f"psycopg:    {psycopg.__version__} (libpq {psycopg.pq.version()})",
             f"command:    {command_line()}",

@@ -14,7 +14,7 @@ batch size:
 Targets: >= 200,000 messages/s, turn p99 during cleanup < 2x idle.
 
     python tests/bench/bench_cleanup.py                    # full size, ~5 min
-    python tests/bench/bench_cleanup.py --expired-sessions 2000 --variants indexed
+    python tests/bench/bench_cleanup.py --expired-sessions 2000 --runs cascade:1000
 
 `--variants` picks the SQL `store.expire_sessions_batch` runs: `current` is
 the store's statement as it is; the others are candidates (patched in for the
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import statistics
 import sys
@@ -222,6 +223,19 @@ def settle(admin: psycopg.Connection[Any]) -> None:
     admin.execute("checkpoint")
 
 
+SETTINGS = ("shared_buffers", "synchronous_commit", "wal_compression", "max_wal_size")
+
+
+def server_settings(admin: psycopg.Connection[Any]) -> str:
+    values = [admin.execute("select current_setting(%s)", (n,)).fetchone() for n in SETTINGS]
+    return ", ".join(f"{n}={v[0] if v else '?'}" for n, v in zip(SETTINGS, values, strict=True))
+
+
+def wal_lsn(admin: psycopg.Connection[Any]) -> int:
+    row = admin.execute("select pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    return int(row[0]) if row else 0
+
+
 def expired_counts(admin: psycopg.Connection[Any]) -> tuple[int, int]:
     return store.count_expired(admin)
 
@@ -263,7 +277,7 @@ async def run_turns(
     db = Database(url, max_connections=1)
     samples: list[float] = []
     try:
-        for _ in range(20):  # warm the connection and caches
+        for _ in range(50):  # warm the connection and caches
             await one_turn(db, *rng.choice(live))
         if started is not None:
             started.set()
@@ -287,6 +301,9 @@ class Row:
     seconds: float
     batch_p50: float
     batch_max: float
+    wal_mb: float
+    vacuum_s: float
+    load: float
     idle: list[float]
     during: list[float]
 
@@ -305,6 +322,9 @@ class Row:
             f"{statistics.median(self.during):.2f} / {during_p99:.2f}" if self.during else "-",
             f"{during_p99 / idle_p99:.2f}x" if self.during else "-",
             str(len(self.during)),
+            f"{self.wal_mb:,.0f}",
+            f"{self.vacuum_s:.1f}",
+            f"{self.load:.1f}",
         ]
 
 
@@ -320,6 +340,9 @@ HEADERS = [
     "turn p50/p99 during",
     "p99 ratio",
     "turns during",
+    "WAL MB",
+    "vacuum s",
+    "load 1m",
 ]
 
 
@@ -332,6 +355,7 @@ def one_run(
     settle(admin)
     print(f"  filled and settled in {time.perf_counter() - began:.1f} s", flush=True)
     expected_sessions, expected_messages = expired_counts(admin)
+    time.sleep(2)  # let the checkpoint's writes drain before timing anything
     idle = asyncio.run(run_turns(url, live, count=turns))
 
     done = threading.Event()
@@ -347,12 +371,15 @@ def one_run(
     thread.start()
     started.wait()
     batch_ms: list[float] = []
+    load = os.getloadavg()[0]
+    wal_before = wal_lsn(admin)
     try:
         with patched_sql(variant), timed_batches(batch_ms):
             result = run_cleanup(url, batch_size=batch)
     finally:
         done.set()
         thread.join()
+    wal_mb = (wal_lsn(admin) - wal_before) / 2**20
     assert result.finished, result
     assert result.deleted_sessions == expected_sessions, (result, expected_sessions)
     assert result.deleted_messages == expected_messages, (result, expected_messages)
@@ -360,6 +387,9 @@ def one_run(
         "select count(*) from public.chat_sessions where expires_at > now()"
     ).fetchone()
     assert left is not None and left[0] == shape.live_sessions, left
+    # The deferred cost of row deletes: vacuum reclaims the dead rows and index entries.
+    with common.Timer() as vacuum:
+        admin.execute("vacuum public.chat_message_history")
     return Row(
         variant=variant,
         batch=batch,
@@ -369,6 +399,9 @@ def one_run(
         seconds=result.duration_ms / 1000,
         batch_p50=statistics.median(batch_ms),
         batch_max=max(batch_ms),
+        wal_mb=wal_mb,
+        vacuum_s=vacuum.ms / 1000,
+        load=load,
         idle=idle,
         during=during,
     )
@@ -380,8 +413,11 @@ def main() -> None:
     parser.add_argument("--live-sessions", type=int, default=2_000)
     parser.add_argument("--messages-per-session", type=int, default=50)
     parser.add_argument("--sessions-per-user", type=int, default=10)
-    parser.add_argument("--batch-sizes", default="1000,5000")
-    parser.add_argument("--variants", default="current,indexed")
+    parser.add_argument(
+        "--runs",
+        default="current:1000,indexed:1000,cascade:1000,cascade:5000",
+        help="comma-separated SQL-variant:batch-size pairs, one fill and cleanup each",
+    )
     parser.add_argument("--turns", type=int, default=300, help="idle turns per run")
     args = parser.parse_args()
     shape = Shape(
@@ -390,20 +426,21 @@ def main() -> None:
         args.messages_per_session,
         args.sessions_per_user,
     )
-    variants = args.variants.split(",")
-    unknown = set(variants) - VARIANTS.keys()
+    runs = [(v, int(b)) for v, _, b in (r.partition(":") for r in args.runs.split(","))]
+    unknown = {v for v, _ in runs} - VARIANTS.keys()
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; choose from {sorted(VARIANTS)}")
     rows: list[Row] = []
+    load_at_start = common.load_average()
     with common.database() as target:
         admin = common.admin_connection(target.url)
-        for variant in variants:
-            for batch in (int(b) for b in args.batch_sizes.split(",")):
-                print(f"run: sql={variant} batch={batch}", flush=True)
-                rows.append(one_run(target.url, admin, shape, variant, batch, args.turns))
-                print(common.format_table(HEADERS, [rows[-1].cells()]), flush=True)
+        for variant, batch in runs:
+            print(f"run: sql={variant} batch={batch}", flush=True)
+            rows.append(one_run(target.url, admin, shape, variant, batch, args.turns))
+            print(common.format_table(HEADERS, [rows[-1].cells()]), flush=True)
         print()
-        print(common.machine_report(admin, target))
+        print(common.machine_report(admin, target, load_at_start=load_at_start))
+        print(f"settings:   {server_settings(admin)}")
         print(
             f"data:       {shape.expired_sessions:,} expired sessions x"
             f" {shape.messages_per_session} messages"

@@ -224,6 +224,7 @@ def fmt(value: float) -> str:
 
 
 async def run(args: argparse.Namespace) -> int:
+    load_at_start = common.load_average()
     with common.database() as target:
         admin = common.admin_connection(target.url)
         # LangChain's documented setup: a plain psycopg connection (its
@@ -231,8 +232,8 @@ async def run(args: argparse.Namespace) -> int:
         lc_conn = psycopg.connect(target.url)
         PostgresChatMessageHistory.create_tables(lc_conn, LANGCHAIN_TABLE)
         db = Database(target.url, max_connections=1)
+        sessions: list[Session] = []
         try:
-            sessions = []
             for size in args.sizes:
                 caller = common.create_user(admin)
                 mid, mlast = fill_memchat(admin, caller, size)
@@ -267,7 +268,7 @@ async def run(args: argparse.Namespace) -> int:
 
             print("# memchat per-turn memory work vs langchain-postgres")
             print()
-            print(common.machine_report(admin, target))
+            print(common.machine_report(admin, target, load_at_start=load_at_start))
             print(
                 f"iterations: {args.iterations} per size per side"
                 f" (after {args.warmup} warm-up), window {WINDOW}"
@@ -353,7 +354,14 @@ async def run(args: argparse.Namespace) -> int:
                 print("session sizes unchanged after the run (added rows deleted untimed)")
         finally:
             await db.close()
+            lc_conn.rollback()
+            # Leave a DATABASE_URL database as found (users cascade to their rows).
+            PostgresChatMessageHistory.drop_table(lc_conn, LANGCHAIN_TABLE)
             lc_conn.close()
+            admin.execute(
+                "delete from auth.users where id = any(%s)",
+                ([s.caller.user_id for s in sessions],),
+            )
             admin.close()
     return 0
 

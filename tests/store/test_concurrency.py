@@ -32,9 +32,7 @@ async def test_concurrent_turns_on_one_session_keep_every_pair_together(db, admi
 
     results = await asyncio.gather(
         *(
-            store.record_turn(
-                db, alice, turn(sid, exchange(f"question {i}", f"answer {i}"))
-            )
+            store.record_turn(db, alice, turn(sid, exchange(f"question {i}", f"answer {i}")))
             for i in range(n)
         )
     )

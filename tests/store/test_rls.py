@@ -7,6 +7,7 @@ table; then for `anon`; then through the store's own entry points.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from psycopg.abc import Query
 from psycopg.types.json import Jsonb
 
 from memchat import messages, store
+from memchat.db import SET_CLAIMS
 from memchat.errors import SessionNotFound
 from tests.utils.store_data import (
     TTL,
@@ -34,17 +36,16 @@ from tests.utils.users import UserFactory
 TABLES = list(USER_TABLES)
 MESSAGE = Jsonb(messages.human("written by someone else"))
 
-# Per table: a harmless change to A's rows, a change that hands them to B,
-# and an insert of a row owned by A.
-UPDATES = {
-    "chat_sessions": "update public.chat_sessions set title = 'changed' where user_id = %(a)s",
-    "user_agent_active_sessions": "update public.user_agent_active_sessions"
-    " set last_active_at = now() - interval '1 day' where user_id = %(a)s",
-    "chat_message_history": "update public.chat_message_history"
-    " set message = %(message)s where user_id = %(a)s",
-    "agent_long_term_memory": "update public.agent_long_term_memory"
-    " set notes = 'changed', version = version + 1 where user_id = %(a)s",
+# Per table: a harmless change (with constants only, so that without a WHERE
+# clause only the UPDATE policy, not the SELECT one, filters the rows), and
+# an insert of a row owned by A.
+CHANGES = {
+    "chat_sessions": "set title = 'changed'",
+    "user_agent_active_sessions": "set last_active_at = now() - interval '1 day'",
+    "chat_message_history": "set message = %(message)s",
+    "agent_long_term_memory": "set notes = 'changed'",
 }
+OF_A = " where user_id = %(a)s"
 TAKEOVER = "update public.{table} set user_id = %(b)s where user_id = %(a)s"
 DELETE = "delete from public.{table} where user_id = %(a)s"
 INSERTS_AS_A = {
@@ -78,9 +79,9 @@ class World:
         }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def world(admin: psycopg.Connection, users: UserFactory) -> World:
-    """A owns a row in every table; B owns a session and its active pointer."""
+    """A and B each own one session with its active pointer, two messages and notes."""
     a, b = users.create(), users.create()
     a_session, b_session = uuid.uuid4(), uuid.uuid4()
     with admin.transaction():
@@ -95,17 +96,17 @@ def world(admin: psycopg.Connection, users: UserFactory) -> World:
                 " (user_id, agent_name, active_session_id) values (%s, 'default', %s)",
                 (owner.user_id, session),
             )
-        for message in exchange("hello", "hi A"):
+            for message in exchange("hello", "hi"):
+                admin.execute(
+                    "insert into public.chat_message_history (session_id, user_id, message)"
+                    " values (%s, %s, %s)",
+                    (session, owner.user_id, Jsonb(message)),
+                )
             admin.execute(
-                "insert into public.chat_message_history (session_id, user_id, message)"
-                " values (%s, %s, %s)",
-                (a_session, a.user_id, Jsonb(message)),
+                "insert into public.agent_long_term_memory (user_id, agent_name, notes)"
+                " values (%s, 'default', 'likes tea')",
+                (owner.user_id,),
             )
-        admin.execute(
-            "insert into public.agent_long_term_memory (user_id, agent_name, notes)"
-            " values (%s, 'default', 'A likes tea')",
-            (a.user_id,),
-        )
     a_rows = snapshot(admin, a.user_id)
     assert all(len(rows) >= 1 for rows in a_rows.values())
     return World(a, b, a_session, b_session, a_rows)
@@ -113,7 +114,7 @@ def world(admin: psycopg.Connection, users: UserFactory) -> World:
 
 @pytest.fixture
 def conn(database_url: str) -> Iterator[psycopg.Connection]:
-    """A connection of the connecting role; `acting_as` drops to a user's role."""
+    """A connection of the connecting role; `acting_as` switches to a user's role."""
     with psycopg.connect(database_url, autocommit=True) as connection:
         yield connection
 
@@ -126,6 +127,7 @@ def unchanged(world: World, admin: psycopg.Connection) -> Iterator[None]:
 
 
 def on(template: str, table: str) -> sql.Composed:
+    """The statement `template` with `{table}` filled in as an identifier."""
     return sql.SQL(template).format(table=sql.Identifier(table))
 
 
@@ -169,9 +171,25 @@ def test_b_sees_no_row_of_anyone_else(
 def test_b_cannot_update_rows_of_a(
     conn: psycopg.Connection, world: World, unchanged: None, table: str
 ) -> None:
+    update = f"update public.{{table}} {CHANGES[table]}"
     with acting_as(conn, world.b.claims):
-        assert affected(conn, UPDATES[table], world.params) in (0, "refused")
+        assert affected(conn, on(update + OF_A, table), world.params) in (0, "refused")
         assert affected(conn, on(TAKEOVER, table), world.params) in (0, "refused")
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_b_writes_without_where_reach_only_b_rows(
+    conn: psycopg.Connection, world: World, admin: psycopg.Connection, table: str
+) -> None:
+    """Only the UPDATE and DELETE policies filter these; rolled back either way."""
+    (own,) = admin.execute(
+        on("select count(*) from public.{table} where user_id = %s", table), (world.b.user_id,)
+    ).fetchone()
+    update = f"update public.{{table}} {CHANGES[table]}"
+    with conn.transaction(force_rollback=True):
+        conn.execute(SET_CLAIMS, (json.dumps(world.b.claims),))
+        assert affected(conn, on(update, table), world.params) in (own, "refused")
+        assert affected(conn, on("delete from public.{table}", table), world.params) == own
 
 
 @pytest.mark.parametrize("table", TABLES)
@@ -290,7 +308,8 @@ def test_anon_can_neither_read_nor_write(
             rows = []
         assert rows == []
         assert refused(conn, INSERTS_AS_A[table], world.params)
-        assert affected(conn, UPDATES[table], world.params) in (0, "refused")
+        update = f"update public.{{table}} {CHANGES[table]}" + OF_A
+        assert affected(conn, on(update, table), world.params) in (0, "refused")
         assert affected(conn, on(DELETE, table), world.params) in (0, "refused")
 
 
@@ -300,9 +319,7 @@ def test_anon_can_neither_read_nor_write(
 async def test_b_cannot_load_a_session(db, users: UserFactory, world: World, unchanged) -> None:
     b = users.create()
     with pytest.raises(SessionNotFound):
-        await store.load_context(
-            db, b, session_id=world.a_session, agent_name="default", window=10
-        )
+        await store.load_context(db, b, session_id=world.a_session, agent_name="default", window=10)
 
 
 async def test_b_cannot_record_a_turn_into_a_session(
@@ -316,9 +333,7 @@ async def test_b_cannot_record_a_turn_into_a_session(
 async def test_b_cannot_clear_a_session(db, users: UserFactory, world: World, unchanged) -> None:
     b = users.create()
     with pytest.raises(SessionNotFound):
-        await store.clear_session(
-            db, b, session_id=world.a_session, agent_name="default", ttl=TTL
-        )
+        await store.clear_session(db, b, session_id=world.a_session, agent_name="default", ttl=TTL)
 
 
 async def test_b_reads_nothing_of_a(db, users: UserFactory, world: World, unchanged) -> None:

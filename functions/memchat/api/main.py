@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request, Response
 
 from memchat import __version__
 from memchat.api import errors
-from memchat.api.routes import chat, health
+from memchat.api.routes import account, chat, clear, export, health, memory, sessions
 from memchat.api.state import AppState
 from memchat.config import Settings, get_settings
 
@@ -81,4 +81,9 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
 
     app.include_router(health.router)
     app.include_router(chat.router)
+    app.include_router(clear.router)
+    app.include_router(export.router)
+    app.include_router(sessions.router)
+    app.include_router(memory.router)
+    app.include_router(account.router)
     return app

@@ -97,3 +97,58 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         503: "Database unavailable",
     }.items()
 }
+
+
+# ------------------------------------------------- clear, sessions, memory, account
+
+
+class ClearSessionBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str | None = Field(
+        default=None, description="UUID; null: the active session of agent_name."
+    )
+    agent_name: str = AgentName
+
+
+class ClearSessionResponse(BaseModel):
+    cleared_session_id: str
+    deleted_messages: int
+    new_session_id: str
+
+
+class SessionPage(BaseModel):
+    sessions: list[SessionOut]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page.")
+
+
+class NotesOut(BaseModel):
+    agent_name: str
+    notes: str
+    version: int = Field(description="0 while no notes are stored; send as expected_version.")
+    updated_at: str | None
+
+
+class NotesBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    agent_name: str = AgentName
+    notes: str = Field(description="The whole new text, at most LTM_MAX_CHARS.")
+    expected_version: int | None = Field(
+        default=None, ge=0, description="Only replace if the notes are still at this version."
+    )
+
+
+class NotesDeleted(BaseModel):
+    deleted: bool
+
+
+class DeletedCounts(BaseModel):
+    messages: int
+    sessions: int
+    active_sessions: int
+    long_term_memory: int
+
+
+class AccountDeleted(BaseModel):
+    deleted: DeletedCounts

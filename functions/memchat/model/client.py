@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from memchat.errors import UpstreamError, UpstreamTimeout
 
 if TYPE_CHECKING:
-    import httpx
+    import httpx2 as httpx  # the HTTP library of the openai SDK (>= 3)
     from openai import AsyncOpenAI
 
     from memchat.config import Settings
@@ -91,7 +91,7 @@ class ModelClient:
             raise UpstreamError("The model provider returned no answer; nothing was stored.")
         message = response.choices[0].message
         calls = [
-            ToolCall(c.id, c.function.name, c.function.arguments or "{}")
+            ToolCall(c.id, c.function.name, _without_nul_json(c.function.arguments or "{}"))
             for c in message.tool_calls or []
             if getattr(c, "function", None) is not None
         ]
@@ -101,9 +101,35 @@ class ModelClient:
                 "prompt_tokens": response.usage.prompt_tokens or 0,
                 "completion_tokens": response.usage.completion_tokens or 0,
             }
-        return Completion(message.content or "", calls, response.model or self.model, usage)
+        content = (message.content or "").replace("\x00", "")
+        return Completion(content, calls, response.model or self.model, usage)
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+# PostgreSQL text and jsonb cannot hold NUL, so a model that emits one would
+# fail the turn when it is stored; it carries no meaning, so it is dropped.
+
+
+def _without_nul(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.replace("\x00", "")
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    return value
+
+
+def _without_nul_json(arguments: str) -> str:
+    """Tool-call arguments (JSON text) with NUL removed from every string."""
+    if "\\u0000" not in arguments and "\x00" not in arguments:
+        return arguments
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments.replace("\x00", "")
+    return json.dumps(_without_nul(value), ensure_ascii=False)

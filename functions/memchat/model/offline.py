@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any
 
-import httpx
+import httpx2 as httpx  # the HTTP library of the openai SDK (>= 3)
 
 LABEL = "[offline responder: set OPENAI_API_KEY for real answers]"
 

@@ -32,6 +32,10 @@ DEFAULT_SYSTEM_PROMPT = (
     "manage_long_term_memory tool. Do not store secrets or one-off details."
 )
 NOTES_PREAMBLE = "Long-term notes about this user (curated by you across conversations):"
+NO_ROUNDS_LEFT = (
+    "I ran out of steps while updating my notes and could not finish my answer; "
+    "please ask again."
+)
 _MAX_NOTE_RETRIES = 3
 _TITLE_CHARS = 80
 
@@ -68,7 +72,7 @@ class ChatService:
 
     async def run(self, caller: store.Caller, request: ChatRequest) -> ChatResult:
         if not (self.settings.memory_enabled and request.use_memory):
-            return await self._run_without_memory(request)
+            return await self._run_without_memory(caller, request)
         window = request.max_history_messages or self.settings.memory_max_history_messages
         started = time.perf_counter()
         context = await store.load_context(
@@ -157,7 +161,19 @@ class ChatService:
             timings={"retrieval_ms": retrieval_ms, "model_ms": model_ms, "record_ms": record_ms},
         )
 
-    async def _run_without_memory(self, request: ChatRequest) -> ChatResult:
+    async def _run_without_memory(
+        self, caller: store.Caller, request: ChatRequest
+    ) -> ChatResult:
+        # Nothing is read into the prompt, but a deleted account is refused (401)
+        # and another user's session id is still a 404.
+        await store.load_context(
+            self.db,
+            caller,
+            session_id=request.session_id,
+            agent_name=request.agent_name,
+            window=0,
+            read_notes=False,
+        )
         prompt = [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": request.message},
@@ -207,9 +223,13 @@ class ChatService:
             for key, value in completion.usage.items():
                 outcome.usage[key] = outcome.usage.get(key, 0) + value
             if not completion.tool_calls or round_number == rounds:
-                outcome.answer = completion.content
+                # Tool calls made after the last round are not run; the turn still
+                # ends with an answer.
+                outcome.answer = completion.content or (
+                    NO_ROUNDS_LEFT if completion.tool_calls else ""
+                )
                 outcome.messages.append(
-                    messages.ai(completion.content, model=completion.model, usage=outcome.usage)
+                    messages.ai(outcome.answer, model=completion.model, usage=outcome.usage)
                 )
                 outcome.rounds = round_number
                 return outcome

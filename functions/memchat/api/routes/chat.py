@@ -45,6 +45,10 @@ async def chat(
         )
     if not body.message.strip():
         raise BadRequest("message must contain some text.")
+    for name, value in (("message", body.message), ("client_message_id", body.client_message_id)):
+        if value and "\x00" in value:
+            # PostgreSQL cannot store NUL: refuse it before the model is paid for.
+            raise BadRequest(f"{name} must not contain NUL (\\u0000) characters.")
     from_body = parse_session_id(body.session_id)
     from_header = parse_session_id(x_session_id, "X-Session-ID")
     if from_body and from_header and from_body != from_header:

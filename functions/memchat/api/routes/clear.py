@@ -1,0 +1,40 @@
+"""POST /chat/clear-session: forget a conversation and start a fresh one."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from fastapi import APIRouter
+
+from memchat import store
+from memchat.api.deps import CurrentUser, State
+from memchat.api.schemas import (
+    ERROR_RESPONSES,
+    ClearSessionBody,
+    ClearSessionResponse,
+    parse_session_id,
+)
+
+router = APIRouter(tags=["chat"])
+
+
+@router.post("/chat/clear-session", response_model=ClearSessionResponse, responses=ERROR_RESPONSES)
+async def clear_session(
+    body: ClearSessionBody, caller: CurrentUser, state: State
+) -> ClearSessionResponse:
+    """Delete a session's messages now; a fresh session becomes the agent's active one.
+
+    With no session_id, the active session of agent_name is cleared.
+    """
+    cleared = await store.clear_session(
+        state.db,
+        caller,
+        session_id=parse_session_id(body.session_id),
+        agent_name=body.agent_name,
+        ttl=timedelta(hours=state.settings.session_ttl_hours),
+    )
+    return ClearSessionResponse(
+        cleared_session_id=str(cleared.cleared_session_id),
+        deleted_messages=cleared.deleted_messages,
+        new_session_id=str(cleared.new_session.id),
+    )

@@ -1,0 +1,124 @@
+"""Secrets read at run time: DATABASE_URL, OPENAI_API_KEY, SUPABASE_JWT_SECRET.
+
+A deployed function is given only where each secret lives, never its value:
+`<NAME>_SECRET_ARN` (AWS Secrets Manager) or `<NAME>_PARAMETER` (an SSM
+Parameter Store SecureString name). The value is fetched once per cold start
+through Powertools Parameters and handed to `Settings` directly, so it never
+sits in the process environment. Where neither is set, the plain `<NAME>`
+variable is used as it is (local development, tests). boto3 and Powertools
+Parameters are imported only when something has to be fetched.
+
+A secret's value is either the plain string, or a JSON object with the
+variable's name as a key (what the Secrets Manager console's key/value
+editor writes), e.g. `{"DATABASE_URL": "postgresql://..."}`.
+
+Example:
+    from memchat import secrets
+
+    settings = secrets.load_settings()  # fetched secrets + the environment
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from memchat.config import ConfigError
+from memchat.config import load_settings as _load_settings
+
+if TYPE_CHECKING:
+    from memchat.config import Settings
+
+# Settings fields whose values may live in a secret store.
+SECRET_SETTINGS = ("database_url", "openai_api_key", "supabase_jwt_secret")
+
+Fetch = Callable[[str], str | bytes | dict[str, Any]]
+
+
+def _fetch_secret(arn: str) -> str | bytes | dict[str, Any]:
+    from aws_lambda_powertools.utilities import parameters
+
+    return parameters.get_secret(arn)
+
+
+def _fetch_parameter(name: str) -> str | bytes | dict[str, Any]:
+    from aws_lambda_powertools.utilities import parameters
+
+    return parameters.get_parameter(name, decrypt=True)
+
+
+def _value_of(raw: str | bytes | dict[str, Any], variable: str, where: str) -> str:
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    if isinstance(text, str) and text.lstrip().startswith("{"):
+        try:
+            text = json.loads(text)
+        except ValueError:
+            pass  # not JSON after all: a plain value that starts with "{"
+    if isinstance(text, dict):
+        for key in (variable, variable.lower()):
+            if isinstance(text.get(key), str):
+                return str(text[key]).strip()
+        raise ConfigError(f"{where} is a JSON object without the key {variable!r}")
+    value = str(text).strip()
+    if not value:
+        raise ConfigError(f"{where} is empty")
+    return value
+
+
+def resolve(
+    names: Iterable[str] = SECRET_SETTINGS,
+    environ: Mapping[str, str] | None = None,
+    *,
+    fetch_secret: Fetch | None = None,
+    fetch_parameter: Fetch | None = None,
+) -> dict[str, str]:
+    """The values of the named settings that are kept in a secret store.
+
+    Returns only those with `<NAME>_SECRET_ARN` or `<NAME>_PARAMETER` set;
+    the others are left to the environment. Failures raise ConfigError naming
+    the variable and where it pointed (never a value).
+    """
+    env = os.environ if environ is None else environ
+    values: dict[str, str] = {}
+    for name in names:
+        variable = name.upper()
+        arn = env.get(f"{variable}_SECRET_ARN", "").strip()
+        parameter = env.get(f"{variable}_PARAMETER", "").strip()
+        if arn and parameter:
+            raise ConfigError(f"set {variable}_SECRET_ARN or {variable}_PARAMETER, not both")
+        if arn:
+            fetch, source, where = fetch_secret or _fetch_secret, arn, f"{variable}_SECRET_ARN ({arn})"
+        elif parameter:
+            fetch, source, where = fetch_parameter or _fetch_parameter, parameter, f"{variable}_PARAMETER ({parameter})"
+        else:
+            continue
+        try:
+            raw = fetch(source)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            # boto3 missing, access denied, not found, throttled: say which one failed.
+            raise ConfigError(
+                f"could not read {where}: {type(exc).__name__}: {exc}"
+            ) from None
+        values[name] = _value_of(raw, variable, where)
+    return values
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment, with secret-store values filled in."""
+    return _load_settings(**{**resolve(), **overrides})
+
+
+def database_url(environ: Mapping[str, str] | None = None) -> str:
+    """DATABASE_URL alone (the cleanup function needs nothing else)."""
+    env = os.environ if environ is None else environ
+    value = resolve(["database_url"], env).get("database_url") or env.get("DATABASE_URL", "")
+    if not value.strip():
+        raise ConfigError(
+            "invalid configuration: DATABASE_URL: set DATABASE_URL, "
+            "DATABASE_URL_SECRET_ARN or DATABASE_URL_PARAMETER"
+        )
+    return value.strip()

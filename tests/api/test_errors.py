@@ -1,0 +1,269 @@
+"""POST /chat error cases of the contract: status, error JSON, nothing stored.
+
+Every error is `{"error", "detail", "request_id"}` with the X-Request-ID
+header; a failed or timed-out model leaves the database as it was.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+
+import psycopg
+import pytest
+
+from tests.conftest import make_settings
+from tests.utils.api import ApiClient
+from tests.utils.chat_api import assert_error, chat, seed_notes
+from tests.utils.fake_openai import FakeOpenAI, tool_call
+from tests.utils.store_data import snapshot
+
+# ------------------------------------------------------------------ 400
+
+
+@pytest.mark.parametrize(
+    "session_id", ["not-a-uuid", "123", "", "123e4567-e89b-12d3-a456-42661417400g"]
+)
+async def test_malformed_session_id_in_the_body_is_400(
+    api: ApiClient, model: FakeOpenAI, session_id: str
+) -> None:
+    _, auth = api.new_user()
+    r = await api.post("/chat", json={"message": "hi", "session_id": session_id}, headers=auth)
+    body = assert_error(r, 400, "bad_request")
+    assert "session_id" in body["detail"]
+    assert model.calls == 0
+
+
+async def test_malformed_session_id_header_is_400(api: ApiClient, model: FakeOpenAI) -> None:
+    _, auth = api.new_user()
+    r = await api.post(
+        "/chat", json={"message": "hi"}, headers={**auth, "X-Session-ID": "session-1"}
+    )
+    body = assert_error(r, 400, "bad_request")
+    assert "X-Session-ID" in body["detail"]
+    assert model.calls == 0
+
+
+async def test_header_and_body_naming_different_sessions_is_400(
+    api: ApiClient, model: FakeOpenAI
+) -> None:
+    _, auth = api.new_user()
+    r = await api.post(
+        "/chat",
+        json={"message": "hi", "session_id": str(uuid.uuid4())},
+        headers={**auth, "X-Session-ID": str(uuid.uuid4())},
+    )
+    assert_error(r, 400, "bad_request")
+    assert model.calls == 0
+
+
+@pytest.mark.parametrize(
+    "content", [b"{not json", b'{"message": "hi",}', b'{"message": "unterminated']
+)
+async def test_invalid_json_body_is_400(api: ApiClient, model: FakeOpenAI, content: bytes) -> None:
+    _, auth = api.new_user()
+    r = await api.post(
+        "/chat", content=content, headers={**auth, "Content-Type": "application/json"}
+    )
+    assert_error(r, 400, "invalid_json")
+    assert model.calls == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ({"message": "   \n\t"}, "bad_request"),
+        ({"message": "a\u0000b"}, "bad_request"),
+        ({"message": "hi", "client_message_id": "id\u0000"}, "bad_request"),
+    ],
+    ids=["blank", "nul-message", "nul-client-message-id"],
+)
+async def test_unstorable_text_is_refused_before_the_model_is_called(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection, fields: dict[str, str], code: str
+) -> None:
+    user_id, auth = api.new_user()
+    r = await api.post("/chat", json=fields, headers=auth)
+    assert_error(r, 400, code)
+    assert model.calls == 0
+    assert snapshot(admin, user_id)["chat_sessions"] == []
+
+
+# ------------------------------------------------------------------ 413
+
+
+async def test_message_over_max_message_chars_is_413(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    user_id, auth = api.new_user()
+    limit = api.settings.max_message_chars
+    r = await api.post("/chat", json={"message": "é" * (limit + 1)}, headers=auth)
+    body = assert_error(r, 413, "payload_too_large")
+    assert str(limit) in body["detail"]
+    assert model.calls == 0
+    assert snapshot(admin, user_id)["chat_sessions"] == []
+
+    # Exactly the limit (in characters, not bytes) is accepted.
+    await chat(api, auth, "é" * limit)
+
+
+async def test_a_body_over_the_size_limit_is_413(api: ApiClient, model: FakeOpenAI) -> None:
+    _, auth = api.new_user()
+    r = await api.post("/chat", json={"message": "x" * 1_100_000}, headers=auth)
+    assert_error(r, 413, "payload_too_large")
+    assert model.calls == 0
+
+
+# ------------------------------------------------------------------ 422
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({}, "message"),
+        ({"session_id": None}, "message"),
+        ({"message": ""}, "message"),
+        ({"message": 42}, "message"),
+        ({"message": "hi", "agent_name": "bad name"}, "agent_name"),
+        ({"message": "hi", "agent_name": "x" * 65}, "agent_name"),
+        ({"message": "hi", "agent_name": ""}, "agent_name"),
+        ({"message": "hi", "agent_name": "../etc"}, "agent_name"),
+        ({"message": "hi", "colour": "blue"}, "colour"),
+        ({"message": "hi", "use_memory": "maybe"}, "use_memory"),
+        ({"message": "hi", "client_message_id": ""}, "client_message_id"),
+        ({"message": "hi", "client_message_id": "x" * 129}, "client_message_id"),
+        ({"message": "hi", "max_history_messages": "ten"}, "max_history_messages"),
+    ],
+    ids=[
+        "missing-message", "only-session", "empty-message", "message-not-text",
+        "agent-space", "agent-too-long", "agent-empty", "agent-path", "extra-field",
+        "use-memory-not-bool", "client-id-empty", "client-id-too-long", "window-not-int",
+    ],
+)
+async def test_body_validation_errors_are_422(
+    api: ApiClient, model: FakeOpenAI, payload: dict[str, object], field: str
+) -> None:
+    _, auth = api.new_user()
+    r = await api.post("/chat", json=payload, headers=auth)
+    body = assert_error(r, 422, "validation_error")
+    assert field in body["detail"]
+    assert model.calls == 0
+
+
+async def test_a_json_body_that_is_not_an_object_is_422(api: ApiClient, model: FakeOpenAI) -> None:
+    _, auth = api.new_user()
+    r = await api.post("/chat", json=["hi"], headers=auth)
+    assert_error(r, 422, "validation_error")
+
+
+# ------------------------------------------------------------------ 404
+
+
+async def test_unknown_route_and_wrong_method_use_the_error_json(api: ApiClient) -> None:
+    _, auth = api.new_user()
+    assert_error(await api.get("/nope", headers=auth), 404, "not_found")
+    assert_error(await api.get("/chat", headers=auth), 405, "method_not_allowed")
+
+
+# ------------------------------------------------------- model failures
+
+
+async def test_model_http_500_is_502_and_stores_nothing(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    user_id, auth = api.new_user()
+    model.script({"status": 500})
+    r = await api.post("/chat", json={"message": "hello"}, headers=auth)
+    body = assert_error(r, 502, "model_upstream_error")
+    assert "nothing was stored" in body["detail"]
+    assert "x-session-id" not in r.headers
+    assert snapshot(admin, user_id) == {
+        "chat_sessions": [],
+        "user_agent_active_sessions": [],
+        "chat_message_history": [],
+        "agent_long_term_memory": [],
+    }
+
+
+async def test_model_failure_after_a_tool_round_stores_nothing(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    """Notes edited in the failed turn are not saved; the session is not touched."""
+    user_id, auth = api.new_user()
+    seed_notes(admin, user_id, "- before")
+    sid = (await chat(api, auth, "first"))["session_id"]
+    before = snapshot(admin, user_id)
+
+    model.script(tool_call("append", content="- during"), {"status": 500})
+    r = await api.post("/chat", json={"message": "second", "session_id": sid}, headers=auth)
+    assert_error(r, 502, "model_upstream_error")
+    assert model.calls == 3
+    assert snapshot(admin, user_id) == before
+
+    # A new session id is not created either.
+    fresh = uuid.uuid4()
+    model.script({"status": 503})
+    r = await api.post("/chat", json={"message": "x", "session_id": str(fresh)}, headers=auth)
+    assert_error(r, 502, "model_upstream_error")
+    assert snapshot(admin, user_id) == before
+
+
+@pytest.mark.parametrize("status", [400, 401, 429])
+async def test_other_provider_errors_are_502(
+    api: ApiClient, model: FakeOpenAI, status: int
+) -> None:
+    _, auth = api.new_user()
+    model.script({"status": status})
+    r = await api.post("/chat", json={"message": "hello"}, headers=auth)
+    assert_error(r, 502, "model_upstream_error")
+
+
+async def test_unreachable_model_is_502_and_stores_nothing(
+    database_url: str, admin: psycopg.Connection
+) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    api = ApiClient(make_settings(database_url, f"http://127.0.0.1:{port}/v1"))
+    try:
+        user_id, auth = api.new_user()
+        r = await api.post("/chat", json={"message": "hello"}, headers=auth)
+        assert_error(r, 502, "model_upstream_error")
+        assert snapshot(admin, user_id)["chat_sessions"] == []
+    finally:
+        await api.aclose()
+
+
+async def test_model_slower_than_the_timeout_is_504_and_stores_nothing(
+    database_url: str, model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    api = ApiClient(make_settings(database_url, model.url, openai_timeout_seconds=0.5))
+    try:
+        user_id, auth = api.new_user()
+        seed_notes(admin, user_id, "- before")
+        sid = (await chat(api, auth, "first"))["session_id"]
+        before = snapshot(admin, user_id)
+
+        model.script(tool_call("overwrite", content="- during"), {"delay": 1.5})
+        r = await api.post("/chat", json={"message": "slow", "session_id": sid}, headers=auth)
+        body = assert_error(r, 504, "model_timeout")
+        assert "nothing was stored" in body["detail"]
+        assert snapshot(admin, user_id) == before
+    finally:
+        await api.aclose()
+
+
+# ----------------------------------------------------------- request ids
+
+
+async def test_a_supplied_request_id_is_echoed_in_errors_and_answers(
+    api: ApiClient, model: FakeOpenAI
+) -> None:
+    _, auth = api.new_user()
+    r = await api.post("/chat", json={}, headers={**auth, "X-Request-ID": "req-42"})
+    assert assert_error(r, 422, "validation_error")["request_id"] == "req-42"
+    r = await api.post("/chat", json={"message": "hi"}, headers={**auth, "X-Request-ID": "req-43"})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "req-43"
+    r = await api.post("/chat", json={})
+    first = assert_error(r, 401, "unauthorized")["request_id"]
+    second = assert_error(await api.post("/chat", json={}), 401, "unauthorized")["request_id"]
+    assert first != second

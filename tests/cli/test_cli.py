@@ -1,0 +1,189 @@
+"""The `memchat` console script, run as a user would run it (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import jwt
+import psycopg
+import pytest
+
+MEMCHAT = [sys.executable, "-m", "memchat.cli"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(**values: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "SUPABASE_"))}
+    env.pop("DATABASE_URL", None)
+    env.update(values)
+    return env
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"memchat dev exited: {proc.stdout.read() if proc.stdout else ''}")
+        try:
+            r = httpx.get(f"{url}/health", timeout=2)
+            if r.status_code == 200:
+                return r.json()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("memchat dev did not become healthy")
+
+
+@pytest.fixture
+def dev_server(database_url: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """`memchat dev` against the test database, offline model, own JWT secret."""
+    port = _free_port()
+    secret = "cli-test-secret-" + "x" * 32
+    env = _env(DATABASE_URL=database_url, SUPABASE_JWT_SECRET=secret, MEMCHAT_HOME=str(tmp_path))
+    proc = subprocess.Popen(
+        [*MEMCHAT, "dev", "--port", str(port)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc)
+        yield url, env
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_dev_starts_from_nothing_with_embedded_postgres(tmp_path: Path) -> None:
+    port = _free_port()
+    env = _env(MEMCHAT_HOME=str(tmp_path / ".memchat"))
+    proc = subprocess.Popen(
+        [*MEMCHAT, "dev", "--port", str(port)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert _wait_healthy(url, proc) == {"status": "ok", "database": "ok"}
+        token = subprocess.run(
+            [*MEMCHAT, "token"], env=env, cwd=tmp_path, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        r = httpx.post(
+            f"{url}/chat",
+            json={"message": "remember I like green tea"},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["answer"].startswith("[offline responder")
+        assert r.json()["memory"]["long_term_notes_updated"] is True
+        page = httpx.get(f"{url}/", timeout=5)
+        assert page.status_code == 200 and "memchat" in page.text
+    finally:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=20)
+        subprocess.run(
+            [
+                str(Path(sys.executable).parent / "python"),
+                "-c",
+                "import pgserver, sys; pgserver.get_server(sys.argv[1]).cleanup()",
+                str(tmp_path / ".memchat" / "pgdata"),
+            ],
+            env=env,
+            check=False,
+            capture_output=True,
+        )
+        shutil.rmtree(tmp_path / ".memchat", ignore_errors=True)
+    assert "OFFLINE RESPONDER" in output
+    assert (tmp_path / ".memchat").exists() is False
+
+
+def test_token_creates_user_and_verifies(database_url: str, admin: psycopg.Connection,
+                                         tmp_path: Path) -> None:
+    secret = "token-test-secret-" + "y" * 32
+    email = f"{uuid.uuid4()}@example.test"
+    env = _env(DATABASE_URL=database_url, SUPABASE_JWT_SECRET=secret)
+    out = subprocess.run(
+        [*MEMCHAT, "token", "--email", email], env=env, cwd=tmp_path,
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    claims = jwt.decode(out, secret, algorithms=["HS256"], audience="authenticated")
+    assert claims["role"] == "authenticated" and claims["email"] == email
+    row = admin.execute("select id from auth.users where email = %s", (email,)).fetchone()
+    assert row is not None and str(row[0]) == claims["sub"]
+    again = subprocess.run(
+        [*MEMCHAT, "token", "--email", email], env=env, cwd=tmp_path,
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert jwt.decode(again, secret, algorithms=["HS256"], audience="authenticated")["sub"] == (
+        claims["sub"]
+    )
+
+
+def test_migrate_is_idempotent(database_url: str, tmp_path: Path) -> None:
+    env = _env(DATABASE_URL=database_url)
+    result = subprocess.run(
+        [*MEMCHAT, "migrate"], env=env, cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert "0 applied" in result.stderr
+
+
+def test_terminal_chat_uses_a_new_session_per_run(
+    dev_server: tuple[str, dict[str, str]], admin: psycopg.Connection, tmp_path: Path
+) -> None:
+    url, env = dev_server
+    sessions = []
+    for first_line in ("hello there", "second run"):
+        result = subprocess.run(
+            [*MEMCHAT, "chat", "--url", url, "--agent", "cli"],
+            input=f"{first_line}\n/notes\n",  # then EOF, like Ctrl-D
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        assert f'You said: "{first_line}"' in result.stdout
+        assert "(no notes yet)" in result.stdout
+        sid = result.stdout.split("session ", 1)[1].split()[0]
+        sessions.append(uuid.UUID(sid))
+        assert result.stdout.rstrip().endswith(f"bye (session {sid})")
+    assert sessions[0] != sessions[1]
+    rows = admin.execute(
+        "select id, message_count from public.chat_sessions where id = any(%s)", (sessions,)
+    ).fetchall()
+    assert sorted(r[1] for r in rows) == [2, 2]
+
+
+def test_cleanup_dry_run_prints_counts(database_url: str, tmp_path: Path) -> None:
+    env = _env(DATABASE_URL=database_url)
+    result = subprocess.run(
+        [*MEMCHAT, "cleanup", "--dry-run"], env=env, cwd=tmp_path,
+        capture_output=True, text=True, check=True,
+    )
+    report = json.loads(result.stdout)
+    assert {"deleted_sessions", "deleted_messages", "batches", "duration_ms", "finished"} <= set(
+        report
+    )
