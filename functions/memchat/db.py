@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from memchat.errors import DatabaseUnavailable
+from memchat.errors import DatabaseUnavailable, Unauthorized
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -35,9 +35,16 @@ SET_CLAIMS = (
     "set_config('request.jwt.claims', %s, true), "
     "set_config('timezone', 'UTC', true)"
 )
+USER_EXISTS = "select memchat.current_user_exists()"
+
 # A connection idle longer than this is pinged before use: Lambda freezes
 # and poolers close idle clients, and a dead socket must not fail a turn.
 IDLE_CHECK_SECONDS = 30.0
+
+
+def _require_user(row: tuple[Any, ...] | None) -> None:
+    if not (row and row[0]):
+        raise Unauthorized("This account no longer exists; sign in again.")
 
 
 def connect_kwargs() -> dict[str, Any]:
@@ -120,8 +127,10 @@ class Database:
 
         Statements executed in the block are queued; results are read after
         the block, when the single Sync has returned them all. With claims,
-        the work runs as `authenticated` for that user; with None, as the
-        connecting role (cleanup, migrations, tests).
+        the work runs as `authenticated` for that user (and raises
+        Unauthorized if the user no longer exists; every table references
+        auth.users, so such a request cannot have written anything); with
+        None, as the connecting role (cleanup, migrations, tests).
 
         Example:
             async with db.pipeline(user.claims) as conn:
@@ -129,19 +138,33 @@ class Database:
                 await cur.execute("select count(*) from chat_sessions")
             (count,) = await cur.fetchone()
         """
-        async with self.connection() as conn, conn.pipeline():
-            if claims is not None:
-                await conn.execute(SET_CLAIMS, (json.dumps(claims),))
-            yield conn
+        async with self.connection() as conn:
+            async with conn.pipeline():
+                check = None
+                if claims is not None:
+                    await conn.execute(SET_CLAIMS, (json.dumps(claims),))
+                    check = conn.cursor()
+                    await check.execute(USER_EXISTS)
+                yield conn
+            if check is not None:
+                _require_user(await check.fetchone())
 
     @asynccontextmanager
     async def transaction(
-        self, claims: Mapping[str, Any] | None
+        self, claims: Mapping[str, Any] | None, *, snapshot: bool = False
     ) -> AsyncIterator[AsyncConnection[Any]]:
-        """An explicit transaction for work that reads between statements."""
+        """An explicit transaction for work that reads between statements.
+
+        `snapshot=True`: read-only and REPEATABLE READ, so a long read (an
+        export) sees one consistent state however long it streams.
+        """
         async with self.connection() as conn, conn.transaction():
+            if snapshot:
+                await conn.execute("set transaction isolation level repeatable read, read only")
             if claims is not None:
                 await conn.execute(SET_CLAIMS, (json.dumps(claims),))
+                cur = await conn.execute(USER_EXISTS)
+                _require_user(await cur.fetchone())
             yield conn
 
     async def close(self) -> None:

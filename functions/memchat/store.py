@@ -149,7 +149,6 @@ with requested as (
     select * from requested union all select * from active limit 1
 )
 select
-    memchat.current_user_exists(),
     (%(session_id)s::uuid is not null and not exists (select 1 from requested)
         and memchat.session_id_taken(%(session_id)s::uuid)),
     (select jsonb_build_object(
@@ -210,9 +209,7 @@ async def load_context(
         await cur.execute(_LOAD_CONTEXT, params)
     row = await cur.fetchone()
     assert row is not None
-    user_exists, taken, session, notes, messages, replay = row
-    if not user_exists:
-        raise Unauthorized("This account no longer exists.")
+    taken, session, notes, messages, replay = row
     if taken:
         raise SessionNotFound()
     info = SessionInfo.from_json(session) if session else None
@@ -377,15 +374,20 @@ _SESSION_JSON = """jsonb_build_object(
     'message_count', s.message_count, 'created_at', s.created_at,
     'last_active_at', s.last_active_at, 'expires_at', s.expires_at)"""
 
-# The session a clear-session request names: the given id, else the active one.
-_TARGET = sql.SQL("""(select s.id from public.chat_sessions s
-   where s.id = coalesce(%(session_id)s::uuid,
+# The session a clear-session request names: the given id, else the active
+# one. The first statement locks it and records its id for the transaction,
+# so the later statements act on that session even if the active pointer
+# moves meanwhile (each statement of a read-committed transaction re-reads).
+_CLEAR_LOCK = """
+select s.id, set_config('memchat.clear_target', s.id::text, true)
+  from public.chat_sessions s
+ where s.id = coalesce(%(session_id)s::uuid,
        (select a.active_session_id from public.user_agent_active_sessions a
-         where a.user_id = (select auth.uid()) and a.agent_name = %(agent_name)s)))""")
+         where a.user_id = (select auth.uid()) and a.agent_name = %(agent_name)s))
+   for update
+"""
+_TARGET = sql.SQL("nullif(current_setting('memchat.clear_target', true), '')::uuid")
 
-_CLEAR_LOCK = sql.SQL(
-    "select s.id from public.chat_sessions s where s.id = {target} for update"
-).format(target=_TARGET)
 _CLEAR_MESSAGES = sql.SQL(
     "with d as (delete from public.chat_message_history h"
     " where h.session_id = {target} returning 1) select count(*) from d"

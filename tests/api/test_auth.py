@@ -45,7 +45,9 @@ def hand_made_token(header: dict[str, Any], claims: dict[str, Any], key: bytes |
     """A JWT signed with HMAC-SHA256 over `key` (None: no signature), by hand:
     PyJWT refuses to make the malicious ones."""
     signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
-    signature = b"" if key is None else hmac.new(key, signing_input.encode(), hashlib.sha256).digest()
+    signature = b""
+    if key is not None:
+        signature = hmac.new(key, signing_input.encode(), hashlib.sha256).digest()
     return f"{signing_input}.{_b64(signature)}"
 
 
@@ -111,9 +113,7 @@ async def test_hs256_tokens_that_must_be_refused(api: ApiClient, model: FakeOpen
     # alg=none, with and without a signature.
     claims = claims_for(user_id)
     await refused(api, bearer(hand_made_token({"alg": "none", "typ": "JWT"}, claims, None)), model)
-    await refused(
-        api, bearer(hand_made_token({"alg": "none"}, claims, JWT_SECRET.encode())), model
-    )
+    await refused(api, bearer(hand_made_token({"alg": "none"}, claims, JWT_SECRET.encode())), model)
     # The right secret under an algorithm name we do not accept.
     await refused(
         api, bearer(hand_made_token({"alg": "HS512"}, claims, JWT_SECRET.encode())), model
@@ -202,13 +202,14 @@ class JwksServer:
                 self.wfile.write(data)
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self._server.server_port}"
 
     def close(self) -> None:
         self._server.shutdown()
@@ -315,8 +316,11 @@ async def test_es256_and_rs256_tokens_are_accepted_and_keys_cached(
 
 
 async def test_an_unknown_kid_refetches_the_keys_once(
-    jwks_apps: Callable[..., ApiClient], model: FakeOpenAI, jwks: JwksServer,
-    es256: SigningKey, user_id: uuid.UUID,
+    jwks_apps: Callable[..., ApiClient],
+    model: FakeOpenAI,
+    jwks: JwksServer,
+    es256: SigningKey,
+    user_id: uuid.UUID,
 ) -> None:
     jwks_api = jwks_apps(jwks_refetch_cooldown=0)
     claims = claims_for(user_id, iss=issuer(jwks))
@@ -340,7 +344,10 @@ async def test_an_unknown_kid_refetches_the_keys_once(
 
 
 async def test_unknown_kids_refetch_at_most_once_per_cooldown(
-    jwks_api: ApiClient, model: FakeOpenAI, jwks: JwksServer, es256: SigningKey,
+    jwks_api: ApiClient,
+    model: FakeOpenAI,
+    jwks: JwksServer,
+    es256: SigningKey,
     user_id: uuid.UUID,
 ) -> None:
     """Right after a fetch, made-up kids do not make every request fetch the keys."""
@@ -352,8 +359,12 @@ async def test_unknown_kids_refetch_at_most_once_per_cooldown(
 
 
 async def test_a_key_removed_from_the_set_stops_working_after_the_cache_lifespan(
-    jwks_apps: Callable[..., ApiClient], model: FakeOpenAI, jwks: JwksServer,
-    es256: SigningKey, rs256: SigningKey, user_id: uuid.UUID,
+    jwks_apps: Callable[..., ApiClient],
+    model: FakeOpenAI,
+    jwks: JwksServer,
+    es256: SigningKey,
+    rs256: SigningKey,
+    user_id: uuid.UUID,
 ) -> None:
     jwks_api = jwks_apps(jwks_lifespan=0.3)
     claims = claims_for(user_id, iss=issuer(jwks))
@@ -370,8 +381,12 @@ async def test_a_key_removed_from_the_set_stops_working_after_the_cache_lifespan
     ids=["other-project", "no-path", "trailing-slash", "missing"],
 )
 async def test_a_wrong_issuer_is_401(
-    jwks_api: ApiClient, model: FakeOpenAI, jwks: JwksServer, es256: SigningKey,
-    user_id: uuid.UUID, iss: str | None,
+    jwks_api: ApiClient,
+    model: FakeOpenAI,
+    jwks: JwksServer,
+    es256: SigningKey,
+    user_id: uuid.UUID,
+    iss: str | None,
 ) -> None:
     claims = claims_for(user_id)
     if iss is not None:
@@ -380,7 +395,10 @@ async def test_a_wrong_issuer_is_401(
 
 
 async def test_jwks_tokens_with_wrong_claims_are_401(
-    jwks_api: ApiClient, model: FakeOpenAI, jwks: JwksServer, rs256: SigningKey,
+    jwks_api: ApiClient,
+    model: FakeOpenAI,
+    jwks: JwksServer,
+    rs256: SigningKey,
     user_id: uuid.UUID,
 ) -> None:
     iss = issuer(jwks)
@@ -389,8 +407,12 @@ async def test_jwks_tokens_with_wrong_claims_are_401(
 
 
 async def test_hs256_signed_with_the_public_key_is_refused(
-    jwks_api: ApiClient, model: FakeOpenAI, jwks: JwksServer, rs256: SigningKey,
-    es256: SigningKey, user_id: uuid.UUID,
+    jwks_api: ApiClient,
+    model: FakeOpenAI,
+    jwks: JwksServer,
+    rs256: SigningKey,
+    es256: SigningKey,
+    user_id: uuid.UUID,
 ) -> None:
     """The algorithm-confusion attack: the public key used as an HMAC secret."""
     claims = claims_for(user_id, iss=issuer(jwks))
@@ -426,7 +448,10 @@ async def test_an_unreachable_jwks_is_401_not_500(
 
 
 async def test_with_both_secret_and_jwks_each_token_uses_its_own_path(
-    database_url: str, model: FakeOpenAI, jwks: JwksServer, es256: SigningKey,
+    database_url: str,
+    model: FakeOpenAI,
+    jwks: JwksServer,
+    es256: SigningKey,
     user_id: uuid.UUID,
 ) -> None:
     api = ApiClient(make_settings(database_url, model.url, supabase_url=jwks.url))

@@ -10,7 +10,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -202,7 +202,15 @@ NOTES = "## Profile\nName: Ada\n\n## Preferences\n- tea"
         ("delete_section_by_header", {"header": "Profile"}, "## Preferences\n- tea"),
         ("delete_all_notes", {}, ""),
     ],
-    ids=["overwrite", "append", "prepend", "replace", "replace-new", "delete-section", "delete-all"],
+    ids=[
+        "overwrite",
+        "append",
+        "prepend",
+        "replace",
+        "replace-new",
+        "delete-section",
+        "delete-all",
+    ],
 )
 async def test_each_editing_operation_of_the_tool(
     api: ApiClient,
@@ -235,8 +243,12 @@ async def test_each_editing_operation_of_the_tool(
     stored = stored_messages(admin, uuid.UUID(body["session_id"]))
     assert [m["type"] for m in stored] == ["human", "ai", "tool", "ai"]
     assert stored[1]["data"]["tool_calls"] == [
-        {"name": "manage_long_term_memory", "args": {"operation": operation, **arguments},
-         "id": call_id, "type": "tool_call"}
+        {
+            "name": "manage_long_term_memory",
+            "args": {"operation": operation, **arguments},
+            "id": call_id,
+            "type": "tool_call",
+        }
     ]
     assert stored[2]["data"]["content"] == result
     assert stored[2]["data"]["tool_call_id"] == call_id
@@ -265,13 +277,27 @@ async def test_read_operation_returns_the_notes_and_changes_nothing(
         (tool_call("append"), "append needs content"),
         (tool_call("compress"), "unknown operation 'compress'"),
         (
-            {"tool_calls": [{"id": "call_raw", "type": "function", "function": {
-                "name": "manage_long_term_memory", "arguments": "{not json"}}]},
+            {
+                "tool_calls": [
+                    {
+                        "id": "call_raw",
+                        "type": "function",
+                        "function": {"name": "manage_long_term_memory", "arguments": "{not json"},
+                    }
+                ]
+            },
             "arguments must be a JSON object",
         ),
         (
-            {"tool_calls": [{"id": "call_web", "type": "function", "function": {
-                "name": "web_search", "arguments": "{}"}}]},
+            {
+                "tool_calls": [
+                    {
+                        "id": "call_web",
+                        "type": "function",
+                        "function": {"name": "web_search", "arguments": "{}"},
+                    }
+                ]
+            },
             "unknown tool 'web_search'",
         ),
     ],
@@ -370,8 +396,10 @@ async def test_a_model_that_always_calls_tools_still_answers(
 async def test_tool_rounds_follow_max_tool_rounds(custom_api: Any, model: FakeOpenAI) -> None:
     api = custom_api(max_tool_rounds=1)
     _, auth = api.new_user()
-    model.script(tool_call("append", content="a"), {**tool_call("append", content="b"),
-                                                    "content": "partial answer"})
+    model.script(
+        tool_call("append", content="a"),
+        {**tool_call("append", content="b"), "content": "partial answer"},
+    )
     body = await chat(api, auth, "go")
     assert model.calls == 2
     assert body["answer"] == "partial answer"
@@ -385,9 +413,7 @@ async def test_concurrent_note_change_is_merged_not_lost(
     user_id, auth = api.new_user()
     seed_notes(admin, user_id, "- a")
     model.script(tool_call("append", content="- from chat"), {"content": "ok", "delay": 1.0})
-    turn = asyncio.ensure_future(
-        api.post("/chat", json={"message": "note it"}, headers=auth)
-    )
+    turn = asyncio.ensure_future(api.post("/chat", json={"message": "note it"}, headers=auth))
     while model.calls < 2:  # the second model call is in flight
         await asyncio.sleep(0.01)
     admin.execute(
@@ -424,14 +450,15 @@ async def test_another_users_session_is_404_and_its_text_never_reaches_the_promp
     calls = model.calls
 
     intruder_id, intruder = api.new_user()
-    for attempt in (
-        {"json": {"message": "what is my PIN?", "session_id": sid}},
-        {"json": {"message": "what is my PIN?", "session_id": sid.upper()}},
-        {"json": {"message": "what is my PIN?"}, "headers": {"X-Session-ID": sid}},
-        {"json": {"message": "what is my PIN?", "session_id": sid, "use_memory": False}},
-    ):
-        headers = {**intruder, **attempt.pop("headers", {})}
-        r = await api.post("/chat", headers=headers, **attempt)
+    question = "what is my PIN?"
+    attempts: list[tuple[dict[str, Any], dict[str, str]]] = [
+        ({"message": question, "session_id": sid}, {}),
+        ({"message": question, "session_id": sid.upper()}, {}),
+        ({"message": question}, {"X-Session-ID": sid}),
+        ({"message": question, "session_id": sid, "use_memory": False}, {}),
+    ]
+    for body, headers in attempts:
+        r = await api.post("/chat", json=body, headers={**intruder, **headers})
         assert_error(r, 404, "session_not_found")
     assert model.calls == calls
 
@@ -590,7 +617,7 @@ async def test_memory_disabled_globally_reads_and_stores_nothing(
 
 def _utc(value: str) -> datetime:
     parsed = datetime.fromisoformat(value)
-    assert parsed.utcoffset() is not None and parsed.utcoffset().total_seconds() == 0, value
+    assert parsed.utcoffset() == timedelta(0), value
     return parsed
 
 
@@ -601,15 +628,25 @@ async def test_response_shape_is_the_contracts(api: ApiClient, model: FakeOpenAI
     assert r.status_code == 200
     body = r.json()
     assert set(body) == {
-        "answer", "session_id", "agent_name", "model", "usage", "memory", "session"
+        "answer",
+        "session_id",
+        "agent_name",
+        "model",
+        "usage",
+        "memory",
+        "session",
     }
     assert body["answer"] == "echo: hello"
     assert body["agent_name"] == "default"
     assert body["model"] == "fake-model"
     assert body["usage"] == {"prompt_tokens": 11, "completion_tokens": 7}
     assert set(body["memory"]) == {
-        "enabled", "messages_in_context", "long_term_notes_used",
-        "long_term_notes_updated", "context_truncated", "retrieval_ms",
+        "enabled",
+        "messages_in_context",
+        "long_term_notes_used",
+        "long_term_notes_updated",
+        "context_truncated",
+        "retrieval_ms",
     }
     assert body["memory"]["enabled"] is True
     assert isinstance(body["memory"]["retrieval_ms"], float)
@@ -681,7 +718,9 @@ async def test_no_session_id_continues_the_active_session_of_each_agent(
     assert a1["session_id"] == a2["session_id"] != b1["session_id"] == b2["session_id"]
     assert a2["agent_name"] == "default" and b2["agent_name"] == "b"
     assert conversation(model.requests[-1]) == [
-        ("user", "to b"), ("assistant", "echo: to b"), ("user", "to b again")
+        ("user", "to b"),
+        ("assistant", "echo: to b"),
+        ("user", "to b again"),
     ]
     pointers = admin.execute(
         "select agent_name, active_session_id::text from public.user_agent_active_sessions"
@@ -722,7 +761,8 @@ async def test_an_expired_session_starts_empty(
     assert body["session"]["message_count"] == 2
     assert _utc(body["session"]["expires_at"]) > datetime.now(UTC)
     assert contents(admin, uuid.UUID(sid)) == [
-        ("human", "hello again"), ("ai", "echo: hello again")
+        ("human", "hello again"),
+        ("ai", "echo: hello again"),
     ]
 
 
@@ -732,4 +772,3 @@ async def test_a_session_keeps_its_agent(api: ApiClient, model: FakeOpenAI) -> N
     body = await chat(api, auth, "again", session_id=sid, agent_name="other")
     assert body["agent_name"] == "cook"
     assert body["memory"]["messages_in_context"] == 2
-

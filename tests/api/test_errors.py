@@ -134,9 +134,19 @@ async def test_a_body_over_the_size_limit_is_413(api: ApiClient, model: FakeOpen
         ({"message": "hi", "max_history_messages": "ten"}, "max_history_messages"),
     ],
     ids=[
-        "missing-message", "only-session", "empty-message", "message-not-text",
-        "agent-space", "agent-too-long", "agent-empty", "agent-path", "extra-field",
-        "use-memory-not-bool", "client-id-empty", "client-id-too-long", "window-not-int",
+        "missing-message",
+        "only-session",
+        "empty-message",
+        "message-not-text",
+        "agent-space",
+        "agent-too-long",
+        "agent-empty",
+        "agent-path",
+        "extra-field",
+        "use-memory-not-bool",
+        "client-id-empty",
+        "client-id-too-long",
+        "window-not-int",
     ],
 )
 async def test_body_validation_errors_are_422(

@@ -129,6 +129,7 @@ async def test_notes_are_private(api, admin):
         {"notes": "x", "expected_version": -1},
         {"notes": "x", "expected_version": "one"},
         {"notes": "x", "other": True},
+        {"notes": "nul \u0000 inside"},
     ],
 )
 async def test_put_validation(api, body):

@@ -6,7 +6,8 @@ the way real traffic writes them. Then, for each cleanup SQL variant and
 batch size:
 
 * idle: the p50/p99 of chat turns at the store level
-  (`store.load_context` + `store.record_turn` on live sessions), alone;
+  (`store.load_context` + `store.record_turn` on live sessions), alone,
+  timed half before the cleanup and half after it (and its vacuum);
 * cleanup: `run_cleanup` deletes every expired session while another
   thread runs the same turns; expired messages deleted per second and the
   turns' p50/p99 compared with idle.
@@ -356,7 +357,9 @@ def one_run(
     print(f"  filled and settled in {time.perf_counter() - began:.1f} s", flush=True)
     expected_sessions, expected_messages = expired_counts(admin)
     time.sleep(2)  # let the checkpoint's writes drain before timing anything
-    idle = asyncio.run(run_turns(url, live, count=turns))
+    # Idle turns are timed just before and just after the cleanup (pooled), so
+    # that other load on the machine weighs on both sides of the comparison.
+    idle = asyncio.run(run_turns(url, live, count=turns // 2))
 
     done = threading.Event()
     started = threading.Event()
@@ -390,6 +393,7 @@ def one_run(
     # The deferred cost of row deletes: vacuum reclaims the dead rows and index entries.
     with common.Timer() as vacuum:
         admin.execute("vacuum public.chat_message_history")
+    idle += asyncio.run(run_turns(url, live, count=turns - turns // 2))
     return Row(
         variant=variant,
         batch=batch,
@@ -418,7 +422,7 @@ def main() -> None:
         default="current:1000,indexed:1000,cascade:1000,cascade:5000",
         help="comma-separated SQL-variant:batch-size pairs, one fill and cleanup each",
     )
-    parser.add_argument("--turns", type=int, default=300, help="idle turns per run")
+    parser.add_argument("--turns", type=int, default=400, help="idle turns per run")
     args = parser.parse_args()
     shape = Shape(
         args.expired_sessions,

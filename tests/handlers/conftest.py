@@ -127,6 +127,10 @@ def _purge_instance_modules() -> None:
     for name in list(sys.modules):
         if any(name == m or name.startswith(m + ".") for m in INSTANCE_MODULES):
             del sys.modules[name]
+            parent, _, child = name.rpartition(".")
+            # `from memchat import observability` reads the package attribute first.
+            if parent in sys.modules and hasattr(sys.modules[parent], child):
+                delattr(sys.modules[parent], child)
 
 
 class _LoggingSnapshot:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from memchat.config import AGENT_NAME_PATTERN
 from memchat.errors import BadRequest
@@ -21,7 +21,9 @@ def parse_session_id(value: str | None, source: str = "session_id") -> uuid.UUID
     try:
         return uuid.UUID(value.strip())
     except (ValueError, AttributeError):
-        raise BadRequest(f"{source} must be a UUID, e.g. 123e4567-e89b-12d3-a456-426614174000.")
+        raise BadRequest(
+            f"{source} must be a UUID, e.g. 123e4567-e89b-12d3-a456-426614174000."
+        ) from None
 
 
 class ChatBody(BaseModel):
@@ -137,6 +139,14 @@ class NotesBody(BaseModel):
     expected_version: int | None = Field(
         default=None, ge=0, description="Only replace if the notes are still at this version."
     )
+
+    @field_validator("notes")
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        # PostgreSQL text cannot hold U+0000.
+        if "\x00" in value:
+            raise ValueError("must not contain the NUL character (U+0000)")
+        return value
 
 
 class NotesDeleted(BaseModel):

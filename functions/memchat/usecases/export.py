@@ -81,7 +81,7 @@ async def export_account(db: Database, caller: store.Caller, fmt: ExportFormat) 
 async def _session_chunks(
     db: Database, caller: store.Caller, session_id: uuid.UUID, out: Renderer
 ) -> AsyncGenerator[str, None]:
-    async with db.transaction(caller.claims) as conn:
+    async with db.transaction(caller.claims, snapshot=True) as conn:
         info = await store.export_session_info(conn, session_id)
         if info is None:
             raise SessionNotFound()
@@ -94,7 +94,7 @@ async def _session_chunks(
 async def _account_chunks(
     db: Database, caller: store.Caller, exported_at: datetime, out: Renderer
 ) -> AsyncGenerator[str, None]:
-    async with db.transaction(caller.claims) as conn:
+    async with db.transaction(caller.claims, snapshot=True) as conn:
         yield out.begin_account(str(caller.user_id), exported_at.isoformat())
         async for sessions in store.export_sessions(conn):
             for info in sessions:

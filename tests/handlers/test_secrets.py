@@ -1,0 +1,143 @@
+"""Secrets read at run time (memchat.secrets): where from, what shape, what errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memchat import secrets
+from memchat.config import ConfigError
+from tests.conftest import JWT_SECRET
+
+ARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:memchat/openai-key-Ab12Cd"
+PARAMETER = "/memchat/database-url"
+DB = "postgresql://postgres.abc:pw@aws-0-eu-west-1.pooler.supabase.com:6543/postgres?sslmode=require"
+
+
+def store(values: dict[str, object]):
+    calls: list[str] = []
+
+    def fetch(name: str) -> object:
+        calls.append(name)
+        value = values[name]
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    return fetch, calls
+
+
+def test_plain_environment_needs_no_fetch() -> None:
+    fetch, calls = store({})
+    env = {"DATABASE_URL": DB, "OPENAI_API_KEY": "sk-test"}
+    assert secrets.resolve(environ=env, fetch_secret=fetch, fetch_parameter=fetch) == {}
+    assert calls == []
+
+
+def test_secret_arn_and_parameter_name() -> None:
+    fetch_secret, secret_calls = store({ARN: "sk-live-123\n"})
+    fetch_parameter, parameter_calls = store({PARAMETER: DB})
+    env = {"OPENAI_API_KEY_SECRET_ARN": ARN, "DATABASE_URL_PARAMETER": PARAMETER}
+
+    values = secrets.resolve(
+        environ=env, fetch_secret=fetch_secret, fetch_parameter=fetch_parameter
+    )
+
+    assert values == {"openai_api_key": "sk-live-123", "database_url": DB}
+    assert secret_calls == [ARN] and parameter_calls == [PARAMETER]
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        json.dumps({"OPENAI_API_KEY": "sk-json"}),
+        json.dumps({"openai_api_key": "sk-json", "other": "x"}),
+        b"sk-json",
+    ],
+)
+def test_json_key_value_and_binary_secrets(stored: object) -> None:
+    fetch, _ = store({ARN: stored})
+    values = secrets.resolve(environ={"OPENAI_API_KEY_SECRET_ARN": ARN}, fetch_secret=fetch)
+    assert values == {"openai_api_key": "sk-json"}
+
+
+@pytest.mark.parametrize(
+    ("stored", "message"),
+    [
+        (json.dumps({"api_key": "sk"}), "without the key 'OPENAI_API_KEY'"),
+        ("   ", "is empty"),
+        (PermissionError("AccessDeniedException"), "could not read OPENAI_API_KEY_SECRET_ARN"),
+    ],
+)
+def test_errors_name_the_variable_not_the_value(stored: object, message: str) -> None:
+    fetch, _ = store({ARN: stored})
+    with pytest.raises(ConfigError, match=message) as error:
+        secrets.resolve(environ={"OPENAI_API_KEY_SECRET_ARN": ARN}, fetch_secret=fetch)
+    assert "sk" not in str(error.value).replace("secretsmanager", "").replace(ARN, "")
+
+
+def test_both_places_set_is_an_error() -> None:
+    env = {"DATABASE_URL_SECRET_ARN": ARN, "DATABASE_URL_PARAMETER": PARAMETER}
+    with pytest.raises(ConfigError, match="not both"):
+        secrets.resolve(environ=env)
+
+
+def test_load_settings_prefers_the_secret_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgresql://ignored")
+    monkeypatch.setenv("DATABASE_URL_PARAMETER", PARAMETER)
+    monkeypatch.setenv("SUPABASE_JWT_SECRET", JWT_SECRET)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
+    for name in ("OPENAI_API_KEY_SECRET_ARN", "SUPABASE_JWT_SECRET_SECRET_ARN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(secrets, "_fetch_parameter", lambda name: DB)
+
+    settings = secrets.load_settings()
+
+    assert settings.database_url == DB and settings.openai_api_key == "sk-env"
+
+
+def test_database_url_alone() -> None:
+    assert secrets.database_url({"DATABASE_URL": f" {DB} "}) == DB
+    with pytest.raises(ConfigError, match="DATABASE_URL"):
+        secrets.database_url({})
+
+
+def test_through_powertools_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real fetchers, with AWS replaced by botocore's Stubber."""
+    boto3 = pytest.importorskip("boto3")
+    from botocore.stub import Stubber
+
+    from aws_lambda_powertools.utilities import parameters
+    from aws_lambda_powertools.utilities.parameters import base
+
+    credentials = {
+        "region_name": "eu-west-1",
+        "aws_access_key_id": "testing",
+        "aws_secret_access_key": "testing",
+    }
+    sm = boto3.client("secretsmanager", **credentials)
+    ssm = boto3.client("ssm", **credentials)
+    with Stubber(sm) as sm_stub, Stubber(ssm) as ssm_stub:
+        sm_stub.add_response(
+            "get_secret_value",
+            {"ARN": ARN, "Name": "memchat/openai-key", "SecretString": "sk-stubbed"},
+            {"SecretId": ARN},
+        )
+        ssm_stub.add_response(
+            "get_parameter",
+            {"Parameter": {"Name": PARAMETER, "Type": "SecureString", "Value": DB}},
+            {"Name": PARAMETER, "WithDecryption": True},
+        )
+        monkeypatch.setitem(
+            base.DEFAULT_PROVIDERS, "secrets", parameters.SecretsProvider(boto3_client=sm)
+        )
+        monkeypatch.setitem(base.DEFAULT_PROVIDERS, "ssm", parameters.SSMProvider(boto3_client=ssm))
+
+        values = secrets.resolve(
+            environ={"OPENAI_API_KEY_SECRET_ARN": ARN, "DATABASE_URL_PARAMETER": PARAMETER}
+        )
+
+        assert values == {"openai_api_key": "sk-stubbed", "database_url": DB}
+        sm_stub.assert_no_pending_responses()
+        ssm_stub.assert_no_pending_responses()

@@ -1,0 +1,75 @@
+"""The manage_long_term_memory tool (memchat.model.tools): schema and run()."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from memchat import notes
+from memchat.model import tools
+
+
+def test_schema_is_an_openai_function_tool_with_every_operation() -> None:
+    schema = tools.TOOL_SCHEMA
+    assert schema["type"] == "function"
+    function = schema["function"]
+    assert function["name"] == tools.TOOL_NAME == "manage_long_term_memory"
+    parameters = function["parameters"]
+    assert parameters["required"] == ["operation"]
+    assert parameters["additionalProperties"] is False
+    assert parameters["properties"]["operation"]["enum"] == list(notes.OPERATIONS)
+    assert set(parameters["properties"]) == {"operation", "content", "header"}
+
+
+def test_read_returns_the_notes_and_no_edit() -> None:
+    assert tools.run({"operation": "read"}, "## A\na", 100) == ("## A\na", None)
+    assert tools.run({"operation": "read"}, "", 100) == ("(no notes yet)", None)
+
+
+def test_an_edit_reports_the_new_length_and_can_be_replayed() -> None:
+    result, edit = tools.run({"operation": "append", "content": "- b"}, "- a", 100)
+    assert result == "ok: notes updated (8 characters)"
+    assert edit == tools.NoteEdit("append", "- b", "")
+    # Replayed on notes that changed meanwhile (store conflict), it still applies.
+    assert edit.apply("- a\n- c") == "- a\n- c\n\n- b"
+
+
+def test_section_edits_carry_their_header() -> None:
+    arguments = {"operation": "replace_section_by_header", "header": "A", "content": "new"}
+    _, edit = tools.run(arguments, "## A\nold", 100)
+    assert edit is not None and edit.apply("## A\nolder\n## B\nb") == "## A\nnew\n\n## B\nb"
+
+
+def test_limit_is_inclusive() -> None:
+    result, edit = tools.run({"operation": "overwrite", "content": "x" * 10}, "", 10)
+    assert edit is not None and result == "ok: notes updated (10 characters)"
+    result, edit = tools.run({"operation": "append", "content": "y"}, "x" * 8, 10)
+    assert edit is None
+    assert result.startswith("error: the notes would be 11 characters, over the limit of 10;")
+
+
+def test_shrinking_notes_over_the_limit_is_allowed() -> None:
+    # Notes stored under a larger limit can still be condensed.
+    result, edit = tools.run({"operation": "overwrite", "content": "short"}, "x" * 50, 10)
+    assert edit is not None and result == "ok: notes updated (5 characters)"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({}, "error: unknown operation ''"),
+        ({"operation": "forget"}, "error: unknown operation 'forget'"),
+        ({"operation": "append", "content": 5}, "error: content and header must be strings"),
+        (
+            {"operation": "delete_section_by_header", "header": ["A"]},
+            "error: content and header must be strings",
+        ),
+        ({"operation": "delete_section_by_header", "header": "Z"}, "error: no section with header"),
+        ({"operation": "append", "content": None}, "error: append needs content"),
+    ],
+)
+def test_errors_are_returned_as_text_never_raised(arguments: dict[str, Any], message: str) -> None:
+    result, edit = tools.run(arguments, "## A\na", 100)
+    assert edit is None
+    assert result.startswith(message)
