@@ -50,7 +50,7 @@ NAMESPACE = "memchat"
 # Libraries whose records are worth keeping in production, at WARNING and up.
 THIRD_PARTY_LOGGERS = {"mangum", "httpx", "openai", "psycopg", "jwt"}
 
-Handler = Callable[[Any, "LambdaContext"], Any]
+Handler = Callable[[Any, Any], Any]  # (event, context) -> response
 
 logger = Logger(service=SERVICE)
 metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
@@ -152,14 +152,6 @@ def record_turn(result: ChatResult) -> None:
         unit=MetricUnit.Count,
         value=int(result.memory.get("messages_in_context", 0)),
     )
-
-
-def watch_turns(chat_service: object) -> bool:
-    """Attach `record_turn` to a chat service that offers an `on_turn` hook."""
-    if not hasattr(chat_service, "on_turn"):
-        return False
-    setattr(chat_service, "on_turn", record_turn)  # noqa: B010 - the hook is optional
-    return True
 
 
 def record_cleanup(result: CleanupResult) -> None:

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -52,10 +53,9 @@ def _fetch_parameter(name: str) -> str | bytes | dict[str, Any]:
 def _value_of(raw: str | bytes | dict[str, Any], variable: str, where: str) -> str:
     text = raw.decode() if isinstance(raw, bytes) else raw
     if isinstance(text, str) and text.lstrip().startswith("{"):
-        try:
+        # Not JSON after all: a plain value that happens to start with "{".
+        with contextlib.suppress(ValueError):
             text = json.loads(text)
-        except ValueError:
-            pass  # not JSON after all: a plain value that starts with "{"
     if isinstance(text, dict):
         for key in (variable, variable.lower()):
             if isinstance(text.get(key), str):
@@ -89,9 +89,17 @@ def resolve(
         if arn and parameter:
             raise ConfigError(f"set {variable}_SECRET_ARN or {variable}_PARAMETER, not both")
         if arn:
-            fetch, source, where = fetch_secret or _fetch_secret, arn, f"{variable}_SECRET_ARN ({arn})"
+            fetch, source, where = (
+                fetch_secret or _fetch_secret,
+                arn,
+                f"{variable}_SECRET_ARN ({arn})",
+            )
         elif parameter:
-            fetch, source, where = fetch_parameter or _fetch_parameter, parameter, f"{variable}_PARAMETER ({parameter})"
+            fetch, source, where = (
+                fetch_parameter or _fetch_parameter,
+                parameter,
+                f"{variable}_PARAMETER ({parameter})",
+            )
         else:
             continue
         try:
@@ -100,9 +108,7 @@ def resolve(
             raise
         except Exception as exc:
             # boto3 missing, access denied, not found, throttled: say which one failed.
-            raise ConfigError(
-                f"could not read {where}: {type(exc).__name__}: {exc}"
-            ) from None
+            raise ConfigError(f"could not read {where}: {type(exc).__name__}: {exc}") from None
         values[name] = _value_of(raw, variable, where)
     return values
 

@@ -136,51 +136,9 @@ def _translate(exc: psycopg.Error) -> Exception:
 
 # ------------------------------------------------------------ chat turns
 
-_LOAD_CONTEXT = """
-with requested as (
-    select s.* from public.chat_sessions s where s.id = %(session_id)s::uuid
-), active as (
-    select s.* from public.user_agent_active_sessions a
-    join public.chat_sessions s on s.id = a.active_session_id
-    where %(session_id)s::uuid is null
-      and a.user_id = (select auth.uid()) and a.agent_name = %(agent_name)s
-      and s.status = 'active' and s.expires_at > now()
-), chosen as (
-    select * from requested union all select * from active limit 1
-)
-select
-    (%(session_id)s::uuid is not null and not exists (select 1 from requested)
-        and memchat.session_id_taken(%(session_id)s::uuid)),
-    (select jsonb_build_object(
-        'id', c.id, 'agent_name', c.agent_name, 'title', c.title, 'status', c.status,
-        'message_count', c.message_count, 'created_at', c.created_at,
-        'last_active_at', c.last_active_at, 'expires_at', c.expires_at,
-        'expired', c.expires_at <= now()) from chosen c),
-    (select jsonb_build_object('notes', m.notes, 'version', m.version,
-                               'updated_at', m.updated_at)
-       from public.agent_long_term_memory m
-      where %(read_notes)s and m.user_id = (select auth.uid())
-        and m.agent_name = coalesce((select c.agent_name from chosen c), %(agent_name)s)),
-    coalesce((
-        select jsonb_agg(w.message order by w.id) from (
-            select h.id, h.message from public.chat_message_history h
-             where h.session_id = (select c.id from chosen c where c.expires_at > now())
-               and h.message->>'type' <> 'tool'
-               and coalesce(jsonb_array_length(h.message->'data'->'tool_calls'), 0) = 0
-             order by h.id desc
-             limit %(window)s) w), '[]'::jsonb),
-    (select a.message
-       from public.chat_message_history u
-       cross join lateral (
-            select x.message from public.chat_message_history x
-             where x.session_id = u.session_id and x.id > u.id
-               and x.message->>'type' = 'ai'
-               and coalesce(jsonb_array_length(x.message->'data'->'tool_calls'), 0) = 0
-             order by x.id limit 1) a
-      where %(client_message_id)s::text is not null
-        and u.session_id = (select c.id from chosen c)
-        and u.client_message_id = %(client_message_id)s::text)
-"""
+# Both halves of a turn are SQL functions (migration *_turn_functions.sql):
+# PL/pgSQL caches their plans per server connection, pooler-safe.
+LOAD_CONTEXT = "select memchat.load_context(%s, %s, %s, %s, %s)"
 
 
 async def load_context(
@@ -197,21 +155,20 @@ async def load_context(
 
     Raises SessionNotFound when `session_id` is another user's.
     """
-    params = {
-        "session_id": session_id,
-        "agent_name": agent_name,
-        "window": window,
-        "read_notes": read_notes,
-        "client_message_id": client_message_id,
-    }
     async with db.pipeline(caller.claims) as conn:
         cur = conn.cursor()
-        await cur.execute(_LOAD_CONTEXT, params)
+        await cur.execute(
+            LOAD_CONTEXT, (session_id, agent_name, window, read_notes, client_message_id)
+        )
     row = await cur.fetchone()
     assert row is not None
-    taken, session, notes, messages, replay = row
-    if taken:
+    result = row[0]
+    if result["taken"]:
         raise SessionNotFound()
+    session = result["session"]
+    notes = result["notes"]
+    messages = result["messages"]
+    replay = result["replay"]
     info = SessionInfo.from_json(session) if session else None
     resolved_agent = info.agent_name if info else agent_name
     return Context(
@@ -231,40 +188,7 @@ def _notes_from_json(agent_name: str, row: Mapping[str, Any] | None) -> Notes:
     )
 
 
-_LOCK_SESSION = "select 1 from public.chat_sessions where id = %(session_id)s for update"
-
-# A turn on an expired session that cleanup has not reached yet starts over.
-_RESET_EXPIRED = """
-delete from public.chat_message_history h
- using public.chat_sessions s
- where s.id = %(session_id)s and h.session_id = s.id and s.expires_at <= now()
-"""
-
-_UPSERT_SESSION = """
-insert into public.chat_sessions as s
-    (id, user_id, agent_name, title, message_count, last_active_at, expires_at)
-values (%(session_id)s, %(user_id)s, %(agent_name)s, %(title)s, %(count)s,
-        now(), now() + %(ttl)s)
-on conflict (id) do update set
-    message_count = case when s.expires_at <= now() then excluded.message_count
-                         else s.message_count + excluded.message_count end,
-    title = coalesce(s.title, excluded.title),
-    status = 'active',
-    last_active_at = excluded.last_active_at,
-    expires_at = excluded.expires_at
-returning jsonb_build_object(
-    'id', s.id, 'agent_name', s.agent_name, 'title', s.title, 'status', s.status,
-    'message_count', s.message_count, 'created_at', s.created_at,
-    'last_active_at', s.last_active_at, 'expires_at', s.expires_at)
-"""
-
-_INSERT_MESSAGES = """
-insert into public.chat_message_history (session_id, user_id, message, client_message_id)
-select %(session_id)s, %(user_id)s, m.message,
-       case when m.ord = 1 then %(client_message_id)s::text end
-  from jsonb_array_elements(%(messages)s) with ordinality as m(message, ord)
- order by m.ord
-"""
+RECORD_TURN = "select memchat.record_turn(%s, %s, %s, %s, %s, %s, %s, %s)"
 
 _POINT_ACTIVE = """
 insert into public.user_agent_active_sessions as a
@@ -286,28 +210,20 @@ async def record_turn(db: Database, caller: Caller, turn: Turn) -> SessionInfo:
     is stored; re-read and retry), DuplicateClientMessage when a concurrent
     request with the same client_message_id was stored first.
     """
-    params = {
-        "session_id": turn.session_id,
-        "user_id": caller.user_id,
-        "agent_name": turn.agent_name,
-        "title": turn.title,
-        "count": len(turn.messages),
-        "ttl": turn.ttl,
-        "messages": Jsonb(turn.messages),
-        "client_message_id": turn.client_message_id,
-    }
+    args = (
+        turn.session_id,
+        turn.agent_name,
+        turn.title,
+        Jsonb(turn.messages),
+        turn.ttl,
+        turn.client_message_id,
+        turn.notes,
+        turn.notes_version,
+    )
     try:
         async with db.pipeline(caller.claims) as conn:
-            await conn.execute(_LOCK_SESSION, params)
-            await conn.execute(_RESET_EXPIRED, params)
             session_cur = conn.cursor()
-            await session_cur.execute(_UPSERT_SESSION, params)
-            await conn.execute(_INSERT_MESSAGES, params)
-            await conn.execute(_POINT_ACTIVE, params)
-            if turn.notes is not None:
-                await conn.execute(
-                    _SAVE_NOTES, (turn.agent_name, turn.notes, turn.notes_version)
-                )
+            await session_cur.execute(RECORD_TURN, args)
     except pg_errors.UniqueViolation as exc:
         if exc.diag.constraint_name == "chat_message_history_client_message_idx":
             raise DuplicateClientMessage() from exc
@@ -514,9 +430,9 @@ _MESSAGE_EXPORT_JSON = """jsonb_build_object(
 
 EXPORT_BATCH = 2000
 
-_EXPORT_SESSION = sql.SQL(
-    "select {session} from public.chat_sessions s where s.id = %s"
-).format(session=sql.SQL(_SESSION_JSON))
+_EXPORT_SESSION = sql.SQL("select {session} from public.chat_sessions s where s.id = %s").format(
+    session=sql.SQL(_SESSION_JSON)
+)
 
 _EXPORT_MESSAGES = sql.SQL(
     "select h.id, {message} from public.chat_message_history h"

@@ -60,12 +60,14 @@ comment on column public.chat_message_history.message is
 -- The last-N window reads exactly N index entries, whatever the session length.
 create index chat_message_history_session_id_idx
   on public.chat_message_history (session_id, id desc);
--- The chat window skips tool traffic. Without an index whose predicate
--- matches that filter, the planner misjudges its selectivity and reads the
--- whole session (bitmap scan + sort); with it, the window is an ordered
--- index scan that stops after N entries.
+-- The chat window: the caller's conversational messages of one session,
+-- newest first. Led by user_id so the RLS condition is an index condition
+-- too (otherwise the planner, with RLS hiding the column statistics,
+-- misjudges the session's size and may read it all), and partial on the
+-- window's filter so tool traffic never costs a read. The window is then an
+-- ordered index scan that stops after N entries.
 create index chat_message_history_window_idx
-  on public.chat_message_history (session_id, id desc)
+  on public.chat_message_history (user_id, session_id, id desc)
   where message->>'type' <> 'tool'
     and coalesce(jsonb_array_length(message->'data'->'tool_calls'), 0) = 0;
 create index chat_message_history_user_idx

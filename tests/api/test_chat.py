@@ -11,6 +11,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import psycopg
@@ -527,9 +528,22 @@ async def test_concurrent_retries_store_the_turn_once(
     assert answers == {stored[3][1]}
 
 
+@pytest.fixture
+async def roomy_api(database_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ApiClient]:
+    """An app and its own fake model whose listen backlog takes a burst of
+    connections (the stdlib default of 5 resets some of 20+ at once)."""
+    monkeypatch.setattr(ThreadingHTTPServer, "request_queue_size", 128)
+    server = FakeOpenAI()
+    client = ApiClient(make_settings(database_url, server.url))
+    yield client
+    await client.aclose()
+    server.close()
+
+
 async def test_concurrent_turns_on_one_session_lose_nothing(
-    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
+    roomy_api: ApiClient, admin: psycopg.Connection
 ) -> None:
+    api = roomy_api
     _, auth = api.new_user()
     sid = (await chat(api, auth, "start"))["session_id"]
     n = 24
@@ -772,3 +786,38 @@ async def test_a_session_keeps_its_agent(api: ApiClient, model: FakeOpenAI) -> N
     body = await chat(api, auth, "again", session_id=sid, agent_name="other")
     assert body["agent_name"] == "cook"
     assert body["memory"]["messages_in_context"] == 2
+
+
+# -------------------------------------------------------------- observers
+
+
+async def test_each_answered_turn_is_reported_to_the_observer(
+    api: ApiClient, model: FakeOpenAI
+) -> None:
+    seen: list[Any] = []
+    api.app.state.memchat.chat.on_turn = seen.append
+    _, auth = api.new_user()
+    first = await chat(api, auth, "hi", client_message_id="c")
+    await chat(api, auth, "hi", session_id=first["session_id"], client_message_id="c")
+    await chat(api, auth, "quiet", use_memory=False)
+    model.script({"status": 500})
+    r = await api.post("/chat", json={"message": "fails"}, headers=auth)
+    assert r.status_code == 502
+
+    assert [(t.answer, t.replayed) for t in seen] == [
+        ("echo: hi", False),
+        ("echo: hi", True),
+        ("echo: quiet", False),
+    ]
+    assert set(seen[0].timings) == {"retrieval_ms", "model_ms", "record_ms"}
+    assert all(v >= 0 for v in seen[0].timings.values())
+    assert set(seen[2].timings) == {"model_ms"}
+
+
+async def test_a_failing_observer_does_not_fail_the_turn(api: ApiClient, model: FakeOpenAI) -> None:
+    def broken(result: Any) -> None:
+        raise RuntimeError("metrics backend down")
+
+    api.app.state.memchat.chat.on_turn = broken
+    _, auth = api.new_user()
+    assert (await chat(api, auth, "still answered"))["answer"] == "echo: still answered"

@@ -27,14 +27,17 @@ from __future__ import annotations
 import math
 import os
 import platform
+import queue
 import shlex
+import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,7 @@ ensure_import_path()
 
 import psycopg  # noqa: E402
 from psycopg import sql  # noqa: E402
+from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
 
 from memchat.devdb import quiet_runtime_dir  # noqa: E402
 from memchat.migrate import migrate  # noqa: E402
@@ -186,6 +190,189 @@ def summarize(samples: Sequence[float]) -> Stats:
         minimum=min(samples),
         maximum=max(samples),
     )
+
+
+# --------------------------------------------------------------- latency
+
+
+class LatencyProxy:
+    """A TCP proxy on 127.0.0.1 that adds `rtt_ms` to every round trip.
+
+    Forwards each accepted connection to the server `url` names (a Unix
+    socket when its host is a directory, as pgserver's is, else TCP) and
+    holds every chunk read from either side for `rtt_ms / 2` before passing
+    it on. Each direction of each connection has its own queue and sender:
+    a chunk leaves at its arrival time plus the delay, in arrival order, so
+    back-to-back chunks (a pipeline, a large result) are delayed together,
+    not one after another - latency, not bandwidth. Threads and
+    `time.sleep` (tens of microseconds of jitter; an asyncio loop on epoll
+    would round every wait up to a whole millisecond).
+
+        with LatencyProxy(target.url, rtt_ms=2) as proxy:
+            conn = psycopg.connect(proxy.url)
+            before = proxy.round_trips
+            conn.execute("select 1")
+            assert proxy.round_trips - before == 1
+
+    `round_trips` counts, over all connections, the client->server chunks
+    sent after the server last answered on that connection: the times a
+    client had to wait for the server, whatever number of writes it split a
+    request into. `client_chunks` counts every client->server chunk.
+    """
+
+    CHUNK = 65536
+
+    def __init__(self, url: str, rtt_ms: float) -> None:
+        if rtt_ms < 0:
+            raise ValueError("rtt_ms must be >= 0")
+        self.rtt_ms = rtt_ms
+        self._delay = rtt_ms / 2000  # seconds, each way
+        params = conninfo_to_dict(url)
+        host = str(params.pop("host", "") or "")
+        hostaddr = str(params.pop("hostaddr", "") or "")
+        port = int(str(params.pop("port", "") or 5432))
+        if "," in host or "," in hostaddr:
+            raise ValueError("LatencyProxy takes a single-host URL")
+        if hostaddr:
+            self._upstream: tuple[int, Any] = (socket.AF_INET, (hostaddr, port))
+        elif host.startswith("/"):
+            self._upstream = (socket.AF_UNIX, f"{host}/.s.PGSQL.{port}")
+        elif host:
+            self._upstream = (socket.AF_INET, (host, port))
+        else:
+            raise ValueError("LatencyProxy needs the server's host (or socket directory)")
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.1)
+        self.port = int(self._listener.getsockname()[1])
+        self.url = make_conninfo("", **params, host="127.0.0.1", port=str(self.port))
+        self.round_trips = 0
+        self.client_chunks = 0
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._sockets: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._acceptor = threading.Thread(target=self._accept, name="latency-proxy", daemon=True)
+
+    @property
+    def description(self) -> str:
+        family, address = self._upstream
+        kind = "unix socket" if family == socket.AF_UNIX else "tcp"
+        return (
+            f"127.0.0.1:{self.port} -> {kind} {address},"
+            f" +{self.rtt_ms:g} ms per round trip ({self.rtt_ms / 2:g} ms each way)"
+        )
+
+    def start(self) -> LatencyProxy:
+        self._acceptor.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._acceptor.join(timeout=5)
+        self._listener.close()
+        with self._lock:
+            sockets, threads = list(self._sockets), list(self._threads)
+        for sock in sockets:
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        for thread in threads:
+            thread.join(timeout=5)
+        for sock in sockets:
+            sock.close()
+
+    def __enter__(self) -> LatencyProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        with self._lock:
+            self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            family, address = self._upstream
+            upstream = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                upstream.connect(address)
+            except OSError:
+                client.close()
+                upstream.close()
+                continue
+            if family == socket.AF_INET:
+                upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                self._sockets += [client, upstream]
+            # True once the server has answered; starts True (it just sent
+            # nothing, but the first request is a round trip all the same).
+            answered = [True]
+
+            def from_client(answered: list[bool] = answered) -> None:
+                with self._lock:
+                    self.client_chunks += 1
+                    if answered[0]:
+                        self.round_trips += 1
+                        answered[0] = False
+
+            def from_server(answered: list[bool] = answered) -> None:
+                answered[0] = True
+
+            self._spawn(self._pump, client, upstream, from_client)
+            self._spawn(self._pump, upstream, client, from_server)
+
+    def _pump(self, src: socket.socket, dst: socket.socket, seen: Callable[[], None]) -> None:
+        """Read `src`, queue each chunk with its due time; a sender writes `dst`."""
+        pending: queue.SimpleQueue[tuple[float, bytes] | None] = queue.SimpleQueue()
+        self._spawn(self._send, pending, dst)
+        try:
+            while data := src.recv(self.CHUNK):
+                due = time.perf_counter() + self._delay
+                seen()
+                pending.put((due, data))
+        except OSError:
+            pass
+        finally:
+            pending.put(None)
+
+    def _send(
+        self, pending: queue.SimpleQueue[tuple[float, bytes] | None], dst: socket.socket
+    ) -> None:
+        try:
+            while (item := pending.get()) is not None:
+                due, data = item
+                wait = due - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+
+def round_trip_ms(url: str, n: int = 200) -> Stats:
+    """`select 1` on one autocommit connection to `url`: one round trip each."""
+    samples = []
+    with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
+        for _ in range(n // 10):
+            conn.execute("select 1")
+        for _ in range(n):
+            with Timer() as t:
+                conn.execute("select 1").fetchone()
+            samples.append(t.ms)
+    return summarize(samples)
 
 
 # --------------------------------------------------------------- output

@@ -14,12 +14,14 @@ batch size:
 
 Targets: >= 200,000 messages/s, turn p99 during cleanup < 2x idle.
 
-    python tests/bench/bench_cleanup.py                    # full size, ~5 min
+    python tests/bench/bench_cleanup.py                    # full size, ~3 min
     python tests/bench/bench_cleanup.py --expired-sessions 2000 --runs cascade:1000
 
-`--variants` picks the SQL `store.expire_sessions_batch` runs: `current` is
-the store's statement as it is; the others are candidates (patched in for the
-run only) - see VARIANTS.
+`--runs` lists SQL-variant:batch-size pairs, each on a fresh fill. The
+variant is the SQL `store.expire_sessions_batch` runs: `current` is the
+store's statement as it is; the others are candidates, patched in for that
+run only (see VARIANTS). The machine's load average is printed per run:
+other work on the machine skews the turn latencies most.
 """
 
 from __future__ import annotations

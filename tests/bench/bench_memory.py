@@ -3,6 +3,7 @@
 Run on demand (pytest does not collect `bench_*.py`):
 
     python tests/bench/bench_memory.py [--iterations 200] [--warmup 20]
+        [--sizes 10,1000,10000] [--latency-ms 0,1,2]
 
 One turn's memory work, timed end to end on the client:
 
@@ -18,7 +19,14 @@ One turn's memory work, timed end to end on the client:
 Sessions are pre-filled (generate_series, superuser connection) with the
 same LangChain-shaped messages on both sides. Sizes and sides are
 interleaved; after every timed iteration the two rows just added are deleted
-(outside the timed region) so sessions keep their size. See
+(outside the timed region) so sessions keep their size.
+
+Both sides connect straight to the database ("direct"; pgserver's Unix
+socket, where a round trip is nearly free) and, with `--latency-ms`, also
+through one `common.LatencyProxy` per value, a TCP proxy on 127.0.0.1
+adding that much time to every round trip (half each way), like the
+Lambda -> pooler -> Postgres hops memchat runs over. Routes are interleaved
+with sizes and sides; the proxy counts the round trips of every turn. See
 docs/benchmarks.md.
 """
 
@@ -27,8 +35,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import uuid
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -64,29 +75,55 @@ _MESSAGE_EXPR = """jsonb_set(
 
 @dataclass
 class Side:
-    """Samples of one side at one size: total and the two halves, in ms."""
+    """Samples of one side at one size on one route: total and the two halves, in ms."""
 
     total: list[float] = field(default_factory=list)
     read: list[float] = field(default_factory=list)
     write: list[float] = field(default_factory=list)
+    # Round trips of each timed turn (read half, write half), through a proxy.
+    trips: list[tuple[int, int]] = field(default_factory=list)
 
-    def add(self, t0: int, t1: int, t2: int) -> None:
+    def add(self, marks: Marks, counted: bool) -> None:
+        (t0, t1, t2), (c0, c1, c2) = marks
         self.total.append((t2 - t0) / 1e6)
         self.read.append((t1 - t0) / 1e6)
         self.write.append((t2 - t1) / 1e6)
+        if counted:
+            self.trips.append((c1 - c0, c2 - c1))
+
+
+# (t0, t1, t2) perf_counter_ns and (c0, c1, c2) round-trip counter readings
+# at the start, between the two calls and at the end of a turn.
+Marks = tuple[tuple[int, int, int], tuple[int, int, int]]
 
 
 @dataclass
 class Session:
+    """A pre-filled session on each side (shared by all routes)."""
+
     size: int
     caller: store.Caller
     memchat_id: uuid.UUID
     memchat_last_id: int  # highest prefilled chat_message_history.id
     langchain_id: uuid.UUID
     langchain_last_id: int
-    history: PostgresChatMessageHistory
-    memchat: Side = field(default_factory=Side)
-    langchain: Side = field(default_factory=Side)
+
+
+@dataclass
+class Route:
+    """How both sides reach the database: directly, or through a LatencyProxy."""
+
+    label: str
+    proxy: common.LatencyProxy | None
+    db: Database
+    lc_conn: psycopg.Connection[Any]
+    histories: list[PostgresChatMessageHistory]  # one per session
+    memchat: list[Side]  # one per session
+    langchain: list[Side]
+    rtt: list[common.Stats] = field(default_factory=list)  # select 1, before and after
+
+    def count(self) -> int:
+        return self.proxy.round_trips if self.proxy else 0
 
 
 def templates() -> dict[str, str]:
@@ -170,13 +207,19 @@ def reset(admin: psycopg.Connection[Any], s: Session, side: str) -> None:
 
 
 async def memchat_turn(
-    db: Database, s: Session, human: dict[str, Any], ai: dict[str, Any]
-) -> tuple[int, int, int]:
+    db: Database,
+    s: Session,
+    human: dict[str, Any],
+    ai: dict[str, Any],
+    count: Callable[[], int],
+) -> Marks:
+    c0 = count()
     t0 = perf_counter_ns()
     ctx = await store.load_context(
         db, s.caller, session_id=s.memchat_id, agent_name=AGENT, window=WINDOW
     )
     t1 = perf_counter_ns()
+    c1 = count()
     await store.record_turn(
         db,
         s.caller,
@@ -189,20 +232,30 @@ async def memchat_turn(
         ),
     )
     t2 = perf_counter_ns()
+    c2 = count()
     # Cheap sanity checks, after the clock stopped.
     assert ctx.session is not None and ctx.session.message_count >= s.size
     assert len(ctx.messages) == min(WINDOW, s.size)
-    return t0, t1, t2
+    return (t0, t1, t2), (c0, c1, c2)
 
 
-def langchain_turn(s: Session, human: HumanMessage, ai: AIMessage) -> tuple[int, int, int]:
+def langchain_turn(
+    history: PostgresChatMessageHistory,
+    s: Session,
+    human: HumanMessage,
+    ai: AIMessage,
+    count: Callable[[], int],
+) -> Marks:
+    c0 = count()
     t0 = perf_counter_ns()
-    history = s.history.get_messages()
+    messages_read = history.get_messages()
     t1 = perf_counter_ns()
-    s.history.add_messages([human, ai])
+    c1 = count()
+    history.add_messages([human, ai])
     t2 = perf_counter_ns()
-    assert len(history) >= s.size
-    return t0, t1, t2
+    c2 = count()
+    assert len(messages_read) >= s.size
+    return (t0, t1, t2), (c0, c1, c2)
 
 
 def final_sizes(admin: psycopg.Connection[Any], s: Session) -> tuple[int, int, int]:
@@ -223,27 +276,208 @@ def fmt(value: float) -> str:
     return f"{value:.3f}"
 
 
+def trips_cell(turns: list[tuple[int, int]]) -> str:
+    """`2 (1+1)`: median round trips per turn (read half + write half)."""
+    if not turns:
+        return "-"
+    read = statistics.median_low([r for r, _ in turns])
+    write = statistics.median_low([w for _, w in turns])
+    totals = [r + w for r, w in turns]
+    low, high = min(totals), max(totals)
+    spread = "" if low == high else f", {low}-{high} over {len(turns)} turns"
+    return f"{read + write} ({read}+{write}{spread})"
+
+
+async def open_route(
+    label: str,
+    url: str,
+    proxy: common.LatencyProxy | None,
+    sessions: list[Session],
+) -> Route:
+    # LangChain's documented setup: a plain psycopg connection (its
+    # defaults: transactions, prepared statements after 5 executions).
+    lc_conn = psycopg.connect(url)
+    histories = [
+        PostgresChatMessageHistory(LANGCHAIN_TABLE, str(s.langchain_id), sync_connection=lc_conn)
+        for s in sessions
+    ]
+    return Route(
+        label=label,
+        proxy=proxy,
+        db=Database(url, max_connections=1),
+        lc_conn=lc_conn,
+        histories=histories,
+        memchat=[Side() for _ in sessions],
+        langchain=[Side() for _ in sessions],
+    )
+
+
+def round_trip_time(route: Route, url: str) -> None:
+    route.rtt.append(common.round_trip_ms(url, 200))
+
+
+def report(
+    admin: psycopg.Connection[Any],
+    target: common.Target,
+    args: argparse.Namespace,
+    routes: list[Route],
+    sessions: list[Session],
+    load_at_start: str,
+) -> None:
+    print("# memchat per-turn memory work vs langchain-postgres")
+    print()
+    print(common.machine_report(admin, target, load_at_start=load_at_start))
+    print(
+        f"iterations: {args.iterations} per size per side per route"
+        f" (after {args.warmup} warm-up), window {WINDOW}"
+    )
+    print()
+    if len(routes) > 1 or routes[0].proxy:
+        print("Routes (select 1 round trip, median ms, measured before / after the run):")
+        print()
+        print(
+            common.format_table(
+                ["route", "select 1 ms", "path"],
+                [
+                    [
+                        r.label,
+                        " / ".join(fmt(st.median) for st in r.rtt),
+                        r.proxy.description if r.proxy else target.description,
+                    ]
+                    for r in routes
+                ],
+            )
+        )
+        print()
+    rows = []
+    for r in routes:
+        for k, s in enumerate(sessions):
+            m, lc = common.summarize(r.memchat[k].total), common.summarize(r.langchain[k].total)
+            rows.append(
+                [
+                    r.label,
+                    f"{s.size:,}",
+                    fmt(m.median),
+                    fmt(m.p95),
+                    fmt(lc.median),
+                    fmt(lc.p95),
+                    f"{m.median / lc.median:.2f}",
+                ]
+            )
+    print(
+        common.format_table(
+            [
+                "route",
+                "size",
+                "memchat median ms",
+                "memchat p95 ms",
+                "langchain median ms",
+                "langchain p95 ms",
+                "ratio (memchat/langchain median)",
+            ],
+            rows,
+        )
+    )
+    print()
+    print("Breakdown (median ms):")
+    print()
+    breakdown = []
+    for r in routes:
+        for k, s in enumerate(sessions):
+            breakdown.append(
+                [
+                    r.label,
+                    f"{s.size:,}",
+                    fmt(common.summarize(r.memchat[k].read).median),
+                    fmt(common.summarize(r.memchat[k].write).median),
+                    fmt(common.summarize(r.langchain[k].read).median),
+                    fmt(common.summarize(r.langchain[k].write).median),
+                ]
+            )
+    print(
+        common.format_table(
+            [
+                "route",
+                "size",
+                "load_context",
+                "record_turn",
+                "get_messages",
+                "add_messages",
+            ],
+            breakdown,
+        )
+    )
+    print()
+    proxied = [r for r in routes if r.proxy]
+    if proxied:
+        print("Round trips per turn, counted by the proxy (median, read half + write half):")
+        print()
+        print(
+            common.format_table(
+                ["route", "size", "memchat", "langchain"],
+                [
+                    [
+                        r.label,
+                        f"{s.size:,}",
+                        trips_cell(r.memchat[k].trips),
+                        trips_cell(r.langchain[k].trips),
+                    ]
+                    for r in proxied
+                    for k, s in enumerate(sessions)
+                ],
+            )
+        )
+        print()
+
+    first, last = 0, len(sessions) - 1
+    for r in routes:
+        m_first = common.summarize(r.memchat[first].total).median
+        ratio_small = m_first / common.summarize(r.langchain[first].total).median
+        flat = common.summarize(r.memchat[last].total).median / m_first
+        verdict = "met" if ratio_small <= 0.5 else "MISSED"
+        print(
+            f"{r.label}: target ratio <= 0.50 at {sessions[first].size:,} messages:"
+            f" {ratio_small:.2f} ({verdict}); memchat flatness, median at"
+            f" {sessions[last].size:,} / at {sessions[first].size:,}: {flat:.2f}x"
+        )
+    grown = []
+    for s in sessions:
+        rows_m, count_m, rows_l = final_sizes(admin, s)
+        if (rows_m, count_m, rows_l) != (s.size, s.size, s.size):
+            grown.append(
+                f"{s.size:,}: memchat {rows_m:,} rows (message_count {count_m:,}),"
+                f" langchain {rows_l:,} rows"
+            )
+    if grown:
+        print("sessions grew during the run: " + "; ".join(grown))
+    else:
+        print("session sizes unchanged after the run (added rows deleted untimed)")
+
+
 async def run(args: argparse.Namespace) -> int:
     load_at_start = common.load_average()
-    with common.database() as target:
+    with common.database() as target, ExitStack() as stack:
         admin = common.admin_connection(target.url)
-        # LangChain's documented setup: a plain psycopg connection (its
-        # defaults: transactions, prepared statements after 5 executions).
-        lc_conn = psycopg.connect(target.url)
-        PostgresChatMessageHistory.create_tables(lc_conn, LANGCHAIN_TABLE)
-        db = Database(target.url, max_connections=1)
+        PostgresChatMessageHistory.create_tables(admin, LANGCHAIN_TABLE)
         sessions: list[Session] = []
+        routes: list[Route] = []
         try:
             for size in args.sizes:
                 caller = common.create_user(admin)
                 mid, mlast = fill_memchat(admin, caller, size)
                 lid, llast = fill_langchain(admin, size)
-                history = PostgresChatMessageHistory(
-                    LANGCHAIN_TABLE, str(lid), sync_connection=lc_conn
-                )
-                sessions.append(Session(size, caller, mid, mlast, lid, llast, history))
+                sessions.append(Session(size, caller, mid, mlast, lid, llast))
             common.vacuum_analyze(admin, "public.chat_message_history", LANGCHAIN_TABLE)
             common.vacuum_analyze(admin, "public.chat_sessions", "auth.users")
+
+            urls = [target.url]
+            routes.append(await open_route("direct", target.url, None, sessions))
+            for ms in args.latency_ms:
+                proxy = stack.enter_context(common.LatencyProxy(target.url, ms))
+                urls.append(proxy.url)
+                routes.append(await open_route(f"+{ms:g} ms", proxy.url, proxy, sessions))
+            for r, url in zip(routes, urls, strict=True):
+                round_trip_time(r, url)
 
             text = FILLER[:60]
             mc_human, mc_ai = messages.human(f"question: {text}"), messages.ai(f"answer: {text}")
@@ -251,119 +485,49 @@ async def run(args: argparse.Namespace) -> int:
 
             for i in range(args.warmup + args.iterations):
                 timed = i >= args.warmup
-                for k, s in enumerate(sessions):
-                    # Alternate which side goes first, per iteration and size.
-                    sides = (
-                        ("memchat", "langchain") if (i + k) % 2 == 0 else ("langchain", "memchat")
-                    )
-                    for side in sides:
-                        if side == "memchat":
-                            marks = await memchat_turn(db, s, mc_human, mc_ai)
-                        else:
-                            marks = langchain_turn(s, lc_human, lc_ai)
-                        if timed:
-                            getattr(s, side).add(*marks)
-                        if not args.no_cleanup:
-                            reset(admin, s, side)
+                # Routes, sizes and sides interleaved, so load from other
+                # processes spreads over all of them.
+                for j, r in enumerate(routes):
+                    for k, s in enumerate(sessions):
+                        # Alternate which side goes first.
+                        sides = (
+                            ("memchat", "langchain")
+                            if (i + j + k) % 2 == 0
+                            else ("langchain", "memchat")
+                        )
+                        for side in sides:
+                            if side == "memchat":
+                                marks = await memchat_turn(
+                                    db=r.db, s=s, human=mc_human, ai=mc_ai, count=r.count
+                                )
+                                samples = r.memchat[k]
+                            else:
+                                marks = langchain_turn(r.histories[k], s, lc_human, lc_ai, r.count)
+                                samples = r.langchain[k]
+                            if timed:
+                                samples.add(marks, counted=r.proxy is not None)
+                            if not args.no_cleanup:
+                                reset(admin, s, side)
 
-            print("# memchat per-turn memory work vs langchain-postgres")
-            print()
-            print(common.machine_report(admin, target, load_at_start=load_at_start))
-            print(
-                f"iterations: {args.iterations} per size per side"
-                f" (after {args.warmup} warm-up), window {WINDOW}"
-            )
-            print()
-            rows = []
-            for s in sessions:
-                m, lc = common.summarize(s.memchat.total), common.summarize(s.langchain.total)
-                rows.append(
-                    [
-                        f"{s.size:,}",
-                        fmt(m.median),
-                        fmt(m.p95),
-                        fmt(lc.median),
-                        fmt(lc.p95),
-                        f"{m.median / lc.median:.2f}",
-                    ]
-                )
-            print(
-                common.format_table(
-                    [
-                        "size",
-                        "memchat median ms",
-                        "memchat p95 ms",
-                        "langchain median ms",
-                        "langchain p95 ms",
-                        "ratio (memchat/langchain median)",
-                    ],
-                    rows,
-                )
-            )
-            print()
-            print("Breakdown (median ms):")
-            print()
-            breakdown = []
-            for s in sessions:
-                breakdown.append(
-                    [
-                        f"{s.size:,}",
-                        fmt(common.summarize(s.memchat.read).median),
-                        fmt(common.summarize(s.memchat.write).median),
-                        fmt(common.summarize(s.langchain.read).median),
-                        fmt(common.summarize(s.langchain.write).median),
-                    ]
-                )
-            print(
-                common.format_table(
-                    [
-                        "size",
-                        "load_context",
-                        "record_turn",
-                        "get_messages",
-                        "add_messages",
-                    ],
-                    breakdown,
-                )
-            )
-            print()
-
-            first, last = sessions[0], sessions[-1]
-            ratio_small = (
-                common.summarize(first.memchat.total).median
-                / common.summarize(first.langchain.total).median
-            )
-            flat = (
-                common.summarize(last.memchat.total).median
-                / common.summarize(first.memchat.total).median
-            )
-            verdict = "met" if ratio_small <= 0.5 else "MISSED"
-            print(f"target ratio <= 0.50 at {first.size:,} messages: {ratio_small:.2f} ({verdict})")
-            print(f"memchat flatness, median at {last.size:,} / at {first.size:,}: {flat:.2f}x")
-            grown = []
-            for s in sessions:
-                rows_m, count_m, rows_l = final_sizes(admin, s)
-                if (rows_m, count_m, rows_l) != (s.size, s.size, s.size):
-                    grown.append(
-                        f"{s.size:,}: memchat {rows_m:,} rows (message_count {count_m:,}),"
-                        f" langchain {rows_l:,} rows"
-                    )
-            if grown:
-                print("sessions grew during the run: " + "; ".join(grown))
-            else:
-                print("session sizes unchanged after the run (added rows deleted untimed)")
+            for r, url in zip(routes, urls, strict=True):
+                round_trip_time(r, url)
+            report(admin, target, args, routes, sessions, load_at_start)
         finally:
-            await db.close()
-            lc_conn.rollback()
+            for r in routes:
+                await r.db.close()
+                r.lc_conn.close()
             # Leave a DATABASE_URL database as found (users cascade to their rows).
-            PostgresChatMessageHistory.drop_table(lc_conn, LANGCHAIN_TABLE)
-            lc_conn.close()
+            PostgresChatMessageHistory.drop_table(admin, LANGCHAIN_TABLE)
             admin.execute(
                 "delete from auth.users where id = any(%s)",
                 ([s.caller.user_id for s in sessions],),
             )
             admin.close()
     return 0
+
+
+def comma_list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    return lambda value: [kind(x) for x in value.split(",") if x.strip()]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -374,16 +538,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=20, help="untimed turns first (20)")
     parser.add_argument(
         "--sizes",
-        type=lambda v: [int(x) for x in v.split(",")],
+        type=comma_list(int),
         default=list(DEFAULT_SIZES),
         help="comma-separated pre-filled session sizes (10,1000,10000)",
+    )
+    parser.add_argument(
+        "--latency-ms",
+        type=comma_list(float),
+        action="extend",
+        default=[],
+        metavar="MS[,MS...]",
+        help="also run both sides through a local TCP proxy adding MS of round-trip time"
+        " (MS/2 each way), once per value; repeatable, e.g. 0,1,2",
     )
     parser.add_argument(
         "--no-cleanup",
         action="store_true",
         help="let sessions grow by 2 messages per turn instead of deleting them",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if any(ms < 0 for ms in args.latency_ms):
+        parser.error("--latency-ms values must be >= 0")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,7 +78,7 @@ class Seeder:
             )
             self.admin.execute(
                 "insert into public.chat_message_history (session_id, user_id, message)"
-                " select s.id, %s, '{\"type\": \"human\", \"data\": {\"content\": \"x\"}}'"
+                ' select s.id, %s, \'{"type": "human", "data": {"content": "x"}}\''
                 " from seeded s cross join generate_series(1, %s)",
                 (user_id, messages_each),
             )

@@ -29,8 +29,7 @@ def test_deletes_expired_sessions_with_messages_and_pointers_keeps_the_rest(
 ):
     alice, bob = users.create(), users.create()
     expired = seed.session(alice.user_id, messages=4, agent_name="default", active=True)
-    live = seed.session(alice.user_id, expires_in=HOUR, messages=3, agent_name="other",
-                        active=True)
+    live = seed.session(alice.user_id, expires_in=HOUR, messages=3, agent_name="other", active=True)
     seed.notes(alice.user_id, "default", "# Name\nAlice")
     bob_expired = seed.session(bob.user_id, expires_in=-timedelta(seconds=1), messages=2)
     bob_live = seed.session(bob.user_id, expires_in=timedelta(minutes=1), messages=1)

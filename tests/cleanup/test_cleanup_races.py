@@ -1,8 +1,9 @@
 """The cleanup next to chat turns and next to another cleanup.
 
 Races are driven deterministically with two connections: the "turn" holds
-its transaction open while the cleanup runs, the way `store.record_turn`
-holds the session lock (`_LOCK_SESSION`) while it extends `expires_at`.
+its transaction open while the cleanup runs, the way a turn
+(`store.record_turn`) holds the session row lock it takes first while it
+extends `expires_at`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from memchat.db import connect_kwargs
 from memchat.usecases.cleanup import run_cleanup
 from tests.cleanup.conftest import Seeder
 
+# What a turn does to the session row (memchat.record_turn): lock it, then slide it.
+LOCK = "select 1 from public.chat_sessions where id = %(session_id)s for update"
 EXTEND = (
     "update public.chat_sessions set expires_at = now() + interval '1 hour',"
     " last_active_at = now() where id = %(session_id)s"
@@ -29,7 +32,7 @@ EXTEND = (
 def _open_turn(database_url: str, session_id: uuid.UUID) -> psycopg.Connection:
     """A turn's transaction, left open: the session locked and extended."""
     turn = psycopg.connect(database_url)  # not autocommit: the transaction stays open
-    turn.execute(store._LOCK_SESSION, {"session_id": session_id})
+    turn.execute(LOCK, {"session_id": session_id})
     turn.execute(EXTEND, {"session_id": session_id})
     return turn
 
@@ -67,9 +70,7 @@ def test_a_session_a_turn_is_extending_is_skipped_without_waiting(
     assert seed.exists(extended) and seed.message_count(extended) == 3
 
 
-def test_an_extension_committed_just_before_the_batch_is_seen(
-    database_url, users, seed: Seeder
-):
+def test_an_extension_committed_just_before_the_batch_is_seen(database_url, users, seed: Seeder):
     user = users.create()
     extended = seed.session(user.user_id, messages=3)
     turn = _open_turn(database_url, extended)

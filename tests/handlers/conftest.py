@@ -173,9 +173,7 @@ class LambdaRuntime:
             self.modules[name] = module
         return self.modules[name]
 
-    def invoke(
-        self, name: str, event: Any, context: FakeContext | None = None
-    ) -> Any:
+    def invoke(self, name: str, event: Any, context: FakeContext | None = None) -> Any:
         return self.load(name).handler(event, context or FakeContext())
 
     def log_records(self) -> list[dict[str, Any]]:
@@ -229,9 +227,7 @@ def _current_loop() -> asyncio.AbstractEventLoop | None:
 
 
 @pytest.fixture
-def lambda_(
-    lambda_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
-) -> Iterator[LambdaRuntime]:
+def lambda_(lambda_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[LambdaRuntime]:
     """A fresh Lambda instance: handler modules imported on first use."""
     # Powertools keeps "is this a cold start" in module globals.
     from aws_lambda_powertools.logging import logger as powertools_logger

@@ -75,7 +75,9 @@ def test_cleanup_deletes_expired_sessions_and_their_messages(
     assert logged and set(logged[-1]["cleanup"]) == CONTRACT_KEYS
     assert logged[-1]["correlation_id"] == load_event("cleanup.json")["execution_id"]
     (metrics,) = [
-        json.loads(line) for line in capsys.readouterr().out.splitlines() if "DeletedSessions" in line
+        json.loads(line)
+        for line in capsys.readouterr().out.splitlines()
+        if "DeletedSessions" in line
     ]
     assert metrics["DeletedSessions"][0] >= 1 and metrics["CleanupUnfinished"] == [0.0]
 

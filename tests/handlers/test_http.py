@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from typing import Any
 
@@ -68,12 +69,12 @@ def test_chat_cold_then_warm_reuses_the_connection(
 
     http = lambda_.load("http")
     db = http.app.state.memchat.db
-    (first_conn, _), = db._idle
+    ((first_conn, _),) = db._idle
 
     follow_up = chat(lambda_, token, "what did I just tell you?", session_id=session_id)
     assert follow_up["memory"]["messages_in_context"] == 2
     assert SECRET_MESSAGE in json.dumps(model.requests[-1]["messages"])
-    (second_conn, _), = db._idle
+    ((second_conn, _),) = db._idle
     assert second_conn is first_conn  # warm invocation: same connection
 
     out = capsys.readouterr().out
@@ -88,7 +89,7 @@ def test_chat_cold_then_warm_reuses_the_connection(
     # Logs: JSON, correlated by API Gateway's request id, never the message or token.
     logs = lambda_.log_records()
     request_logs = [r for r in logs if r.get("message") == "request"]
-    assert [r["correlation_id"] for r in request_logs][0] == event["requestContext"]["requestId"]
+    assert request_logs[0]["correlation_id"] == event["requestContext"]["requestId"]
     assert all(r["service"] == "memchat" and r["function_name"] for r in request_logs)
     everything = lambda_.logs.getvalue() + out
     assert "4471" not in everything and "locker" not in everything
@@ -133,7 +134,11 @@ def test_clear_session(lambda_: LambdaRuntime, users: UserFactory, model) -> Non
 
 @pytest.mark.parametrize(
     ("fmt", "media_type"),
-    [("json", "application/json"), ("ndjson", "application/x-ndjson"), ("markdown", "text/markdown")],
+    [
+        ("json", "application/json"),
+        ("ndjson", "application/x-ndjson"),
+        ("markdown", "text/markdown"),
+    ],
 )
 def test_export_session_is_text_not_base64(
     lambda_: LambdaRuntime, users: UserFactory, model, fmt: str, media_type: str
@@ -262,8 +267,7 @@ def test_turn_metrics_through_the_chat_hook(
     lambda_: LambdaRuntime, users: UserFactory, model, capsys
 ) -> None:
     http = lambda_.load("http")
-    if not hasattr(http.app.state.memchat.chat, "on_turn"):
-        pytest.skip("ChatService has no on_turn hook yet")
+    assert http.app.state.memchat.chat.on_turn is sys.modules["memchat.observability"].record_turn
     token = token_for(users.create().user_id)
     chat(lambda_, token, "count my tokens")
     (request,) = [m for m in emf_records(capsys.readouterr().out) if "RequestLatency" in m]

@@ -12,7 +12,9 @@ from tests.conftest import JWT_SECRET
 
 ARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:memchat/openai-key-Ab12Cd"
 PARAMETER = "/memchat/database-url"
-DB = "postgresql://postgres.abc:pw@aws-0-eu-west-1.pooler.supabase.com:6543/postgres?sslmode=require"
+DB = (
+    "postgresql://postgres.abc:pw@aws-0-eu-west-1.pooler.supabase.com:6543/postgres?sslmode=require"
+)
 
 
 def store(values: dict[str, object]):
@@ -106,10 +108,9 @@ def test_database_url_alone() -> None:
 def test_through_powertools_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
     """The real fetchers, with AWS replaced by botocore's Stubber."""
     boto3 = pytest.importorskip("boto3")
-    from botocore.stub import Stubber
-
     from aws_lambda_powertools.utilities import parameters
     from aws_lambda_powertools.utilities.parameters import base
+    from botocore.stub import Stubber
 
     credentials = {
         "region_name": "eu-west-1",

@@ -214,55 +214,31 @@ def big_session(
     yield alice, sid
 
 
-def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield node
-    for child in node.get("Plans", []):
-        yield from plan_nodes(child)
+# What the current transaction read from chat_message_history, from the
+# per-transaction statistics (they count reads inside SQL functions too).
+_XACT_READS = """
+select coalesce(seq_scan, 0), coalesce(seq_tup_read, 0),
+       coalesce(idx_scan, 0), coalesce(idx_tup_fetch, 0)
+  from pg_stat_xact_user_tables
+ where schemaname = 'public' and relname = 'chat_message_history'
+"""
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("window", [10, 50])
-async def test_window_reads_n_index_entries_of_a_huge_session(
-    db, admin, database_url, big_session, window
-):
+async def test_window_reads_n_rows_of_a_huge_session(db, database_url, big_session, window):
     alice, sid = big_session
     ctx = await load(db, alice, sid, window=window)
     assert texts(ctx) == [f"m{i}" for i in range(BIG_SESSION - window + 1, BIG_SESSION + 1)]
 
-    params = {
-        "session_id": sid,
-        "agent_name": "default",
-        "window": window,
-        "read_notes": True,
-        "client_message_id": None,
-    }
+    # Run the same call again and count what it read from the message table.
     with psycopg.connect(database_url, autocommit=True) as conn, conn.transaction():
         conn.execute(SET_CLAIMS, (json.dumps(alice.claims),))
-        ((plan,),) = conn.execute(
-            "EXPLAIN (ANALYZE, FORMAT JSON) " + store._LOAD_CONTEXT, params
+        ((result,),) = conn.execute(
+            store.LOAD_CONTEXT, (sid, "default", window, True, None)
         ).fetchall()
-    message_indexes = {
-        name
-        for (name,) in admin.execute(
-            "select indexname from pg_indexes"
-            " where schemaname = 'public' and tablename = 'chat_message_history'"
-        ).fetchall()
-    }
-    on_messages = [
-        n
-        for n in plan_nodes(plan[0]["Plan"])
-        if n.get("Relation Name") == "chat_message_history"
-        or n.get("Index Name") in message_indexes
-    ]
-    summary = [
-        (n["Node Type"], n.get("Index Name"), n.get("Actual Rows"), n.get("Actual Loops"))
-        for n in on_messages
-    ]
-
-    assert on_messages, plan
-    assert all(n["Node Type"] != "Seq Scan" for n in on_messages), summary
-    window_scans = [n for n in on_messages if n.get("Alias") == "h"]
-    assert len(window_scans) == 1, summary
-    assert window_scans[0]["Actual Loops"] == 1, summary
-    assert all(n["Actual Rows"] <= window for n in on_messages), summary
-    assert window_scans[0]["Actual Rows"] == window, summary
+        conn.execute("reset role")
+        seq_scans, seq_rows, _, rows_fetched = conn.execute(_XACT_READS).fetchone()
+    assert len(result["messages"]) == window
+    assert (seq_scans, seq_rows) == (0, 0)
+    assert rows_fetched == window

@@ -110,11 +110,10 @@ class ModelClient:
             self._client = None
 
 
-# PostgreSQL text and jsonb cannot hold NUL, so a model that emits one would
-# fail the turn when it is stored; it carries no meaning, so it is dropped.
-
-
 def _without_nul(value: Any) -> Any:
+    """`value` with NUL removed from every string: PostgreSQL text and jsonb
+    cannot hold it, so a model that emits one would fail the turn when it is
+    stored; it carries no meaning."""
     if isinstance(value, str):
         return value.replace("\x00", "")
     if isinstance(value, list):

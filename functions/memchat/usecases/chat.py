@@ -18,6 +18,8 @@ from memchat import messages, store
 from memchat.model import tools
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from memchat.config import Settings
     from memchat.db import Database
     from memchat.model.client import ModelClient
@@ -33,8 +35,7 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 NOTES_PREAMBLE = "Long-term notes about this user (curated by you across conversations):"
 NO_ROUNDS_LEFT = (
-    "I ran out of steps while updating my notes and could not finish my answer; "
-    "please ask again."
+    "I ran out of steps while updating my notes and could not finish my answer; please ask again."
 )
 _MAX_NOTE_RETRIES = 3
 _TITLE_CHARS = 80
@@ -69,8 +70,20 @@ class ChatService:
     model: ModelClient
     settings: Settings
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    # Called with every answered turn (metrics: timings, tokens); a failing
+    # observer is logged and never fails the turn.
+    on_turn: Callable[[ChatResult], None] | None = None
 
     async def run(self, caller: store.Caller, request: ChatRequest) -> ChatResult:
+        result = await self._run(caller, request)
+        if self.on_turn is not None:
+            try:
+                self.on_turn(result)
+            except Exception:
+                logger.exception("turn observer failed")
+        return result
+
+    async def _run(self, caller: store.Caller, request: ChatRequest) -> ChatResult:
         if not (self.settings.memory_enabled and request.use_memory):
             return await self._run_without_memory(caller, request)
         window = request.max_history_messages or self.settings.memory_max_history_messages
@@ -161,9 +174,7 @@ class ChatService:
             timings={"retrieval_ms": retrieval_ms, "model_ms": model_ms, "record_ms": record_ms},
         )
 
-    async def _run_without_memory(
-        self, caller: store.Caller, request: ChatRequest
-    ) -> ChatResult:
+    async def _run_without_memory(self, caller: store.Caller, request: ChatRequest) -> ChatResult:
         # Nothing is read into the prompt, but a deleted account is refused (401)
         # and another user's session id is still a 404.
         await store.load_context(

@@ -11,8 +11,7 @@ It stops when a batch comes back short (nothing left: `finished=True`) or
 before starting a batch it may not have time to finish: when the time left
 (`max_seconds` from the start, or the Lambda context's remaining time less
 `LAMBDA_RESERVE_SECONDS` to return in) is below three times the slowest batch
-so far.
-The next run resumes where this one stopped; two runs at once share the work.
+so far. The next run resumes where this one stopped; two runs at once share the work.
 
 The Lambda handler and `memchat cleanup [--dry-run] [--max-seconds N]` both
 call `run_cleanup`.
