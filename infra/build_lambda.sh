@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds the Lambda code package: memchat and its runtime dependencies (no
-# dev/test extras), as Linux wheels for the template's runtime and
-# architecture, into build/lambda/, zipped to build/memchat-lambda.zip.
-# `sam build` runs this same script (template.yaml: BuildMethod makefile).
+# Builds the Lambda code package: memchat with its runtime dependencies and
+# the `stream` extra (uvicorn, for the export function; no dev/test extras),
+# as Linux wheels for the template's runtime and architecture, plus run.sh
+# (the export function's handler), into build/lambda/, zipped to
+# build/memchat-lambda.zip. `sam build` runs this same script
+# (template.yaml: BuildMethod makefile).
 #
 #   bash infra/build_lambda.sh                 # build/lambda + build/memchat-lambda.zip
 #   bash infra/build_lambda.sh --out DIR --no-zip
@@ -26,7 +28,7 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift 2 ;;
     --no-zip) ZIP=0; shift ;;
     --arch) ARCH="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -74,10 +76,13 @@ cp "$ROOT/pyproject.toml" "$ROOT/README.md" "$WORK/src/"
 tar -C "$ROOT" --exclude='__pycache__' --exclude='*.egg-info' -cf - functions | tar -C "$WORK/src" -xf -
 "${PIP[@]}" wheel --quiet --no-deps --wheel-dir "$WORK/wheel" "$WORK/src"
 
-# 2. The wheel and its base dependencies, Linux wheels only (no sdists to
-#    compile for the wrong machine). The Python 3.12+ runtimes run on
-#    Amazon Linux 2023 (glibc 2.34), so manylinux up to 2_34 is fine.
+# 2. The wheel, its base dependencies and the `stream` extra (uvicorn: the
+#    export function serves the app over HTTP to the Lambda Web Adapter),
+#    Linux wheels only (no sdists to compile for the wrong machine). The
+#    Python 3.12+ runtimes run on Amazon Linux 2023 (glibc 2.34), so
+#    manylinux up to 2_34 is fine.
 find "$OUT" -mindepth 1 -delete
+WHEELS=("$WORK"/wheel/memchat-*.whl)
 "${PIP[@]}" install --quiet "${COMPILE[@]}" \
   --target "$OUT" \
   --implementation cp \
@@ -86,10 +91,31 @@ find "$OUT" -mindepth 1 -delete
   --platform "manylinux_2_28_$MACHINE" \
   --platform "manylinux_2_34_$MACHINE" \
   --only-binary=:all: \
-  "$WORK"/wheel/memchat-*.whl
+  "${WHEELS[0]}[stream]"
+# pip only warns about an unknown extra: without uvicorn the export function
+# would fail at every cold start, so fail the build instead.
+if [ ! -f "$OUT/uvicorn/__init__.py" ]; then
+  echo "error: uvicorn is not in the package: pyproject.toml needs the extra" \
+       'stream = ["uvicorn>=0.30"]' >&2
+  exit 1
+fi
 
 # 3. Nothing Lambda runs: console scripts point at this machine's Python.
 rm -rf "$OUT/bin"
+
+# 4. The export function's handler (template.yaml: Handler run.sh). The Lambda
+#    Web Adapter's wrapper (AWS_LAMBDA_EXEC_WRAPPER=/opt/bootstrap) executes
+#    it; it starts the app's HTTP server, which the adapter then proxies the
+#    function URL's requests to. The search path is the one the Python
+#    runtime gives a handler: the package, then layers, then the runtime's.
+cat > "$OUT/run.sh" <<'RUN_SH'
+#!/bin/bash
+set -e
+cd "$LAMBDA_TASK_ROOT"
+export PYTHONPATH="$LAMBDA_TASK_ROOT:/opt/python:$LAMBDA_RUNTIME_DIR${PYTHONPATH:+:$PYTHONPATH}"
+exec python -m memchat.handlers.stream
+RUN_SH
+chmod 0755 "$OUT/run.sh"
 
 UNZIPPED=$(du -sb "$OUT" | cut -f1)
 FILES=$(find "$OUT" -type f | wc -l)
@@ -100,7 +126,7 @@ if [ "$UNZIPPED" -gt "$LAMBDA_LIMIT_BYTES" ]; then
   exit 1
 fi
 
-# 4. The zip Lambda receives (sam deploy zips ARTIFACTS_DIR the same way).
+# 5. The zip Lambda receives (sam deploy zips ARTIFACTS_DIR the same way).
 if [ "$ZIP" = 1 ]; then
   ZIPFILE="$(dirname "$OUT")/memchat-lambda.zip"
   rm -f "$ZIPFILE"

@@ -13,7 +13,10 @@ import logging
 import os
 import sys
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 DEFAULT_EMAIL = "dev@example.test"
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -99,7 +102,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_chat_page(app: Any) -> None:
+def _add_chat_page(app: FastAPI) -> None:
     """A small browser chat page at / (local development only)."""
     from importlib.resources import files
 
@@ -174,10 +177,12 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    import httpx
+    import httpx2 as httpx  # ships with the openai SDK (>= 3)
 
-    token = args.token or os.environ.get("MEMCHAT_TOKEN") or mint_local_token(
-        None, DEFAULT_EMAIL, 3600 * 12
+    token = (
+        args.token
+        or os.environ.get("MEMCHAT_TOKEN")
+        or mint_local_token(None, DEFAULT_EMAIL, 3600 * 12)
     )
     session_id = str(uuid.uuid4())  # an ephemeral session for this run
     headers = {"Authorization": f"Bearer {token}"}
@@ -222,9 +227,7 @@ def _chat_command(client: Any, line: str, session_id: str, agent: str) -> str:
         _raise_for(r)
         print(r.json()["notes"] or "(no notes yet)")
         return session_id
-    r = client.post(
-        "/chat", json={"message": line, "session_id": session_id, "agent_name": agent}
-    )
+    r = client.post("/chat", json={"message": line, "session_id": session_id, "agent_name": agent})
     _raise_for(r)
     body = r.json()
     note = " (notes updated)" if body["memory"]["long_term_notes_updated"] else ""

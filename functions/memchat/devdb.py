@@ -24,11 +24,11 @@ def start(data_dir: Path | None = None) -> str:
     quiet_runtime_dir()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import pgserver  # heavy and dev-only: imported where needed
+        from pgserver.postgres_server import get_server  # dev-only: imported where needed
 
     directory = (data_dir or STATE_DIR / "pgdata").resolve()
     directory.parent.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(directory, cleanup_mode=None)
+    server = get_server(directory, cleanup_mode=None)
     uri: str = server.get_uri()
     logger.info("embedded PostgreSQL at %s", directory)
     return uri

@@ -59,7 +59,7 @@ def migrate(conninfo: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
         try:
             if not is_supabase(conn):
                 with conn.transaction():
-                    conn.execute(BOOTSTRAP_SQL.read_text())  # type: ignore[call-overload]
+                    conn.execute(BOOTSTRAP_SQL.read_text())
             with conn.transaction():
                 conn.execute("create schema if not exists supabase_migrations")
                 conn.execute(
@@ -77,7 +77,7 @@ def migrate(conninfo: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
                     continue
                 text = migration.path.read_text()
                 with conn.transaction():
-                    conn.execute(text)  # type: ignore[call-overload]
+                    conn.execute(text)
                     conn.execute(
                         "insert into supabase_migrations.schema_migrations"
                         " (version, statements, name) values (%s, %s, %s)",

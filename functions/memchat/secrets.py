@@ -60,10 +60,10 @@ def _value_of(raw: str | bytes | dict[str, Any], variable: str, where: str) -> s
         for key in (variable, variable.lower()):
             if isinstance(text.get(key), str):
                 return str(text[key]).strip()
-        raise ConfigError(f"{where} is a JSON object without the key {variable!r}")
+        raise ConfigError(f"invalid configuration: {where} has no key {variable!r}")
     value = str(text).strip()
     if not value:
-        raise ConfigError(f"{where} is empty")
+        raise ConfigError(f"invalid configuration: {where} is empty")
     return value
 
 
@@ -87,7 +87,10 @@ def resolve(
         arn = env.get(f"{variable}_SECRET_ARN", "").strip()
         parameter = env.get(f"{variable}_PARAMETER", "").strip()
         if arn and parameter:
-            raise ConfigError(f"set {variable}_SECRET_ARN or {variable}_PARAMETER, not both")
+            raise ConfigError(
+                f"invalid configuration: set {variable}_SECRET_ARN or "
+                f"{variable}_PARAMETER, not both"
+            )
         if arn:
             fetch, source, where = (
                 fetch_secret or _fetch_secret,
@@ -108,7 +111,9 @@ def resolve(
             raise
         except Exception as exc:
             # boto3 missing, access denied, not found, throttled: say which one failed.
-            raise ConfigError(f"could not read {where}: {type(exc).__name__}: {exc}") from None
+            raise ConfigError(
+                f"invalid configuration: could not read {where}: {type(exc).__name__}: {exc}"
+            ) from None
         values[name] = _value_of(raw, variable, where)
     return values
 

@@ -564,6 +564,10 @@ def dumps(value: Any) -> str:
 
 # Locks a batch of expired sessions, skipping any a live turn holds; the
 # lock re-reads expires_at, so a session a turn has just extended drops out.
+# The locked ids go on as one array so every statement is an index lookup
+# (primary key; (session_id, id desc)) whatever the table sizes: joining the
+# CTE let the planner hash the whole message table on every batch. Messages
+# go by the FK cascade; they are counted first, in the same snapshot.
 _EXPIRE_BATCH = """
 with doomed as (
     select s.id from public.chat_sessions s
@@ -571,14 +575,16 @@ with doomed as (
      order by s.expires_at
      limit %(batch)s
      for update skip locked
-), gone_messages as (
-    delete from public.chat_message_history h using doomed d
-     where h.session_id = d.id returning 1
+), ids as (
+    select coalesce(array_agg(d.id), '{}') as ids from doomed d
+), counted as (
+    select count(*) as n from public.chat_message_history h
+     where h.session_id = any((select i.ids from ids i)::uuid[])
 ), gone_sessions as (
-    delete from public.chat_sessions s using doomed d
-     where s.id = d.id returning 1
+    delete from public.chat_sessions s
+     where s.id = any((select i.ids from ids i)::uuid[]) returning 1
 )
-select (select count(*) from gone_sessions), (select count(*) from gone_messages)
+select (select count(*) from gone_sessions), (select n from counted)
 """
 
 _COUNT_EXPIRED = """
@@ -594,6 +600,8 @@ def expire_sessions_batch(conn: psycopg.Connection[Any], batch: int) -> tuple[in
     Returns (deleted_sessions, deleted_messages).
     """
     with conn.transaction():
+        # Never queue behind a user's own writes for long; the next run resumes.
+        conn.execute("set local lock_timeout = '5s'")
         row = conn.execute(_EXPIRE_BATCH, {"batch": batch}).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])

@@ -17,6 +17,10 @@ create function memchat.load_context(
 ) returns jsonb
 language plpgsql stable
 set search_path = ''
+-- Every read here is a key lookup or the top N of one index range. When the
+-- planner underestimates a session's size it may prefer a bitmap scan that
+-- reads the whole session and sorts it; the ordered index scan is never worse.
+set enable_bitmapscan = off
 as $$
 declare
   v_uid uuid := auth.uid();

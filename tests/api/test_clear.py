@@ -41,9 +41,12 @@ async def test_clear_active_session_then_nothing_old_reaches_the_model(api, mode
     new = cleared["new_session_id"]
     assert uuid.UUID(new) and new != old
 
-    assert admin.execute(
-        "select count(*) from public.chat_message_history where session_id = %s", (old,)
-    ).fetchone()[0] == 0
+    assert (
+        admin.execute(
+            "select count(*) from public.chat_message_history where session_id = %s", (old,)
+        ).fetchone()[0]
+        == 0
+    )
     row = session_row(admin, uuid.UUID(old))
     assert row["status"] == "cleared" and row["message_count"] == 0 and row["title"] is None
     r = await api.get("/sessions/active", headers=auth)
@@ -66,9 +69,7 @@ async def test_clear_by_id_any_case_and_other_agent(api, model, admin):
     kept = (await chat(api, auth, "default agent stays"))["session_id"]
     other = (await chat(api, auth, "for the other agent", agent_name="helper"))["session_id"]
 
-    r = await api.post(
-        "/chat/clear-session", json={"session_id": other.upper()}, headers=auth
-    )
+    r = await api.post("/chat/clear-session", json={"session_id": other.upper()}, headers=auth)
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["cleared_session_id"] == other and body["deleted_messages"] == 2
@@ -110,9 +111,12 @@ async def test_clear_unknown_or_other_users_session_is_404(api, model, admin):
         assert_error(r, 404, "session_not_found")
     row = session_row(admin, uuid.UUID(alices))
     assert row["status"] == "active" and row["message_count"] == 2
-    assert admin.execute(
-        "select count(*) from public.chat_message_history where session_id = %s", (alices,)
-    ).fetchone()[0] == 2
+    assert (
+        admin.execute(
+            "select count(*) from public.chat_message_history where session_id = %s", (alices,)
+        ).fetchone()[0]
+        == 2
+    )
     # Bob got no session out of it either.
     r = await api.get("/sessions", headers=bob)
     assert r.json()["sessions"] == []
@@ -123,12 +127,12 @@ async def test_clear_rejects_bad_input(api):
     r = await api.post("/chat/clear-session", json={"session_id": "nope"}, headers=auth)
     assert_error(r, 400, "bad_request")
     assert "session_id must be a UUID" in r.json()["detail"]
-    for body in ({"agent_name": "bad name!"}, {"session_id": None, "extra": 1},
-                 {"session_id": 42}):
+    for body in ({"agent_name": "bad name!"}, {"session_id": None, "extra": 1}, {"session_id": 42}):
         r = await api.post("/chat/clear-session", json=body, headers=auth)
         assert_error(r, 422, "validation_error")
     r = await api.post(
-        "/chat/clear-session", content=b"{",
+        "/chat/clear-session",
+        content=b"{",
         headers={**auth, "content-type": "application/json"},
     )
     assert_error(r, 400, "invalid_json")

@@ -145,10 +145,22 @@ async def test_session_export_json(api, model):
     assert body["session"]["id"] == sid and body["session"]["title"] == f"hi {UNICODE}"
     assert body["session"]["message_count"] == 6
     msgs = body["messages"]
-    assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant", "tool",
-                                         "assistant"]
+    assert [m["role"] for m in msgs] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
     assert [m["content"] for m in msgs] == [
-        f"hi {UNICODE}", f"echo: hi {UNICODE}", "call me Ada", "", msgs[4]["content"], "noted"]
+        f"hi {UNICODE}",
+        f"echo: hi {UNICODE}",
+        "call me Ada",
+        "",
+        msgs[4]["content"],
+        "noted",
+    ]
     assert msgs[4]["content"].startswith("ok: notes updated")
     for m in msgs:
         assert {"role", "content", "created_at", "metadata"} <= set(m)
@@ -237,8 +249,7 @@ async def arrange_account(api, model, admin):
     await chat(api, alice, "alice two", session_id=first)
     helper = await chat(api, alice, "alice helper", agent_name="helper")
     await api.put("/memory", json={"notes": f"alice notes {UNICODE}"}, headers=alice)
-    await api.put("/memory", json={"notes": "helper notes", "agent_name": "helper"},
-                  headers=alice)
+    await api.put("/memory", json={"notes": "helper notes", "agent_name": "helper"}, headers=alice)
     cleared = await chat(api, alice, "alice cleared", agent_name="gone")
     await api.post("/chat/clear-session", json={"session_id": cleared}, headers=alice)
     await chat(api, bob, "BOB-MARKER message")
@@ -258,8 +269,13 @@ async def test_account_export_json_has_everything_and_nothing_else(api, model, a
     assert b"BOB-MARKER" not in r.content
     assert UNICODE.encode() in r.content
     body = r.json()
-    assert set(body) == {"user_id", "exported_at", "sessions", "active_sessions",
-                         "long_term_memory"}
+    assert set(body) == {
+        "user_id",
+        "exported_at",
+        "sessions",
+        "active_sessions",
+        "long_term_memory",
+    }
     assert body["user_id"] == str(alice_id)
     assert datetime.fromisoformat(body["exported_at"]).utcoffset() == timedelta(0)
 
@@ -271,7 +287,11 @@ async def test_account_export_json_has_everything_and_nothing_else(api, model, a
     assert len(rows) == 4  # first, helper, cleared and its fresh successor
     by_id = {s["id"]: s for s in body["sessions"]}
     assert [m["content"] for m in by_id[ids["first"]]["messages"]] == [
-        f"alice one {UNICODE}", f"echo: alice one {UNICODE}", "alice two", "echo: alice two"]
+        f"alice one {UNICODE}",
+        f"echo: alice one {UNICODE}",
+        "alice two",
+        "echo: alice two",
+    ]
     assert by_id[ids["helper"]]["agent_name"] == "helper"
     assert by_id[ids["cleared"]]["messages"] == []
     assert by_id[ids["cleared"]]["status"] == "cleared"
@@ -283,7 +303,9 @@ async def test_account_export_json_has_everything_and_nothing_else(api, model, a
     assert {a["agent_name"] for a in body["active_sessions"]} == {"default", "helper", "gone"}
     assert {a["active_session_id"] for a in body["active_sessions"]} <= set(by_id)
     assert [(n["agent_name"], n["notes"]) for n in body["long_term_memory"]] == [
-        ("default", f"alice notes {UNICODE}"), ("helper", "helper notes")]
+        ("default", f"alice notes {UNICODE}"),
+        ("helper", "helper notes"),
+    ]
 
 
 async def test_account_export_ndjson_and_markdown(api, model, admin):

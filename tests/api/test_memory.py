@@ -71,8 +71,9 @@ async def test_expected_version(api):
     shown = (await api.get("/memory", headers=auth)).json()
     assert shown["notes"] == "v3" and shown["version"] == 3
     # A version for notes that do not exist yet.
-    assert_error(await put(api, auth, "x", agent_name="new", expected_version=5), 409,
-                 "notes_conflict")
+    assert_error(
+        await put(api, auth, "x", agent_name="new", expected_version=5), 409, "notes_conflict"
+    )
 
 
 async def test_notes_size_limit(api):
@@ -141,8 +142,7 @@ async def test_put_validation(api, body):
 @pytest.mark.parametrize("method", ["get", "delete"])
 async def test_bad_agent_name_is_422(api, method):
     _, auth = api.new_user()
-    r = await api.request(method.upper(), "/memory", params={"agent_name": "-" * 65},
-                          headers=auth)
+    r = await api.request(method.upper(), "/memory", params={"agent_name": "-" * 65}, headers=auth)
     assert_error(r, 422, "validation_error")
 
 

@@ -61,8 +61,14 @@ async def test_sessions_newest_first_with_fields(api, model):
     assert [s["id"] for s in sessions] == [second["session_id"], first["session_id"]]
     one = sessions[1]
     assert set(one) == {
-        "id", "agent_name", "title", "status", "message_count",
-        "created_at", "last_active_at", "expires_at",
+        "id",
+        "agent_name",
+        "title",
+        "status",
+        "message_count",
+        "created_at",
+        "last_active_at",
+        "expires_at",
     }
     assert one["agent_name"] == "default" and one["title"] == "first one"
     assert one["status"] == "active" and one["message_count"] == 2
@@ -157,8 +163,7 @@ async def test_active_session(api, model, admin):
 
     # An expired session is not the active one any more.
     admin.execute(
-        "update public.chat_sessions set expires_at = now() - interval '1 minute'"
-        " where id = %s",
+        "update public.chat_sessions set expires_at = now() - interval '1 minute' where id = %s",
         (sid,),
     )
     r = await api.get("/sessions/active", headers=auth)

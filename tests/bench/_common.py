@@ -205,8 +205,9 @@ class LatencyProxy:
     a chunk leaves at its arrival time plus the delay, in arrival order, so
     back-to-back chunks (a pipeline, a large result) are delayed together,
     not one after another - latency, not bandwidth. Threads and
-    `time.sleep` (tens of microseconds of jitter; an asyncio loop on epoll
-    would round every wait up to a whole millisecond).
+    `time.sleep`: an asyncio loop on epoll would round every wait up to a
+    whole millisecond; `time.sleep` wakes late by roughly 0.05-0.15 ms on a
+    busy machine, so measure what a proxy really adds (`round_trip_ms`).
 
         with LatencyProxy(target.url, rtt_ms=2) as proxy:
             conn = psycopg.connect(proxy.url)
@@ -256,9 +257,9 @@ class LatencyProxy:
     @property
     def description(self) -> str:
         family, address = self._upstream
-        kind = "unix socket" if family == socket.AF_UNIX else "tcp"
+        upstream = "unix socket" if family == socket.AF_UNIX else f"tcp {address[0]}:{address[1]}"
         return (
-            f"127.0.0.1:{self.port} -> {kind} {address},"
+            f"tcp proxy on 127.0.0.1 -> {upstream},"
             f" +{self.rtt_ms:g} ms per round trip ({self.rtt_ms / 2:g} ms each way)"
         )
 

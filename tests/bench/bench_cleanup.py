@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -45,6 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: find `tests`
 
 import psycopg
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from memchat import messages, store
@@ -114,8 +115,12 @@ def patched_sql(variant: str) -> Iterator[None]:
 
 
 @contextmanager
-def timed_batches(into: list[float]) -> Iterator[None]:
-    """Record each `expire_sessions_batch` call's wall time (ms)."""
+def timed_batches(into: list[float], pause_factor: float = 0.0) -> Iterator[None]:
+    """Record each `expire_sessions_batch` call's wall time (ms).
+
+    With `pause_factor`, sleep that many times the batch's duration after it
+    (a throttled cleanup: 1.0 = at most half of the time deleting).
+    """
     original = store.expire_sessions_batch
 
     def timed(conn: psycopg.Connection[Any], batch: int) -> tuple[int, int]:
@@ -123,7 +128,10 @@ def timed_batches(into: list[float]) -> Iterator[None]:
         try:
             return original(conn, batch)
         finally:
-            into.append((time.perf_counter() - began) * 1000)
+            took = time.perf_counter() - began
+            into.append(took * 1000)
+            if pause_factor:
+                time.sleep(took * pause_factor)
 
     store.expire_sessions_batch = timed  # type: ignore[assignment]
     try:
@@ -350,7 +358,13 @@ HEADERS = [
 
 
 def one_run(
-    url: str, admin: psycopg.Connection[Any], shape: Shape, variant: str, batch: int, turns: int
+    url: str,
+    admin: psycopg.Connection[Any],
+    shape: Shape,
+    variant: str,
+    batch: int,
+    turns: int,
+    pause_factor: float = 0.0,
 ) -> Row:
     reset(admin)
     began = time.perf_counter()
@@ -379,7 +393,7 @@ def one_run(
     load = os.getloadavg()[0]
     wal_before = wal_lsn(admin)
     try:
-        with patched_sql(variant), timed_batches(batch_ms):
+        with patched_sql(variant), timed_batches(batch_ms, pause_factor):
             result = run_cleanup(url, batch_size=batch)
     finally:
         done.set()
@@ -413,6 +427,61 @@ def one_run(
     )
 
 
+def cpu_control(url: str, admin: psycopg.Connection[Any], turns: int, seconds: float) -> list[str]:
+    """The same turns next to one backend that only burns CPU (no I/O, no locks).
+
+    Tells apart what the cleanup costs turns through locks and I/O from what
+    any busy backend costs them on this machine.
+    """
+    live = [
+        (r[0], r[1])
+        for r in admin.execute(
+            "select id, user_id from public.chat_sessions where expires_at > now() limit 2000"
+        ).fetchall()
+    ]
+    idle = asyncio.run(run_turns(url, live, count=turns))
+    done = threading.Event()
+    started = threading.Event()
+    during: list[float] = []
+
+    def background() -> None:
+        during.extend(
+            asyncio.run(run_turns(url, live, count=None, stop=done.is_set, started=started))
+        )
+
+    thread = threading.Thread(target=background, name="turns")
+    thread.start()
+    started.wait()
+    try:
+        with psycopg.connect(url, autocommit=True) as burner:
+            burner.execute(sql.SQL("set statement_timeout = {}").format(int(seconds * 1000)))
+            with suppress(psycopg.errors.QueryCanceled):
+                burner.execute("select count(*) from generate_series(1, 10000000000)")
+    finally:
+        done.set()
+        thread.join()
+    idle_p99 = common.percentile(idle, 99)
+    during_p99 = common.percentile(during, 99)
+    return [
+        f"one backend burning CPU for {seconds:.0f} s",
+        f"{statistics.median(idle):.2f} / {idle_p99:.2f}",
+        f"{statistics.median(during):.2f} / {during_p99:.2f}",
+        f"{during_p99 / idle_p99:.2f}x",
+        str(len(during)),
+        f"{os.getloadavg()[0]:.1f}",
+    ]
+
+
+CONTROL_HEADERS = [
+    "control",
+    "idle turn p50/p99 ms",
+    "turn p50/p99 during",
+    "p99 ratio",
+    "turns during",
+    "load 1m",
+]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--expired-sessions", type=int, default=20_000)
@@ -425,6 +494,22 @@ def main() -> None:
         help="comma-separated SQL-variant:batch-size pairs, one fill and cleanup each",
     )
     parser.add_argument("--turns", type=int, default=400, help="idle turns per run")
+    parser.add_argument(
+        "--pause-factor",
+        type=float,
+        default=0.0,
+        help="sleep this many times each batch's duration after it (throttling experiment)",
+    )
+    parser.add_argument(
+        "--server-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="ALTER SYSTEM on the benchmark server first (embedded server only)",
+    )
+    parser.add_argument(
+        "--no-control", action="store_true", help="skip the CPU-only control measurement"
+    )
     args = parser.parse_args()
     shape = Shape(
         args.expired_sessions,
@@ -440,10 +525,24 @@ def main() -> None:
     load_at_start = common.load_average()
     with common.database() as target:
         admin = common.admin_connection(target.url)
+        for setting in args.server_setting:
+            if not target.embedded:
+                parser.error("--server-setting only on the embedded server")
+            name, _, value = setting.partition("=")
+            admin.execute(
+                sql.SQL("alter system set {} = {}").format(sql.Identifier(name), sql.Literal(value))
+            )
+            admin.execute("select pg_reload_conf()")
         for variant, batch in runs:
             print(f"run: sql={variant} batch={batch}", flush=True)
-            rows.append(one_run(target.url, admin, shape, variant, batch, args.turns))
+            rows.append(
+                one_run(target.url, admin, shape, variant, batch, args.turns, args.pause_factor)
+            )
             print(common.format_table(HEADERS, [rows[-1].cells()]), flush=True)
+        control = None
+        if not args.no_control:
+            print("control: one CPU-bound backend instead of the cleanup", flush=True)
+            control = cpu_control(target.url, admin, args.turns, 3.0)
         print()
         print(common.machine_report(admin, target, load_at_start=load_at_start))
         print(f"settings:   {server_settings(admin)}")
@@ -456,6 +555,9 @@ def main() -> None:
         print("turn:       store.load_context + store.record_turn (2 messages), one client")
         print()
         print(common.format_table(HEADERS, [r.cells() for r in rows]))
+        if control:
+            print()
+            print(common.format_table(CONTROL_HEADERS, [control]))
         admin.close()
 
 

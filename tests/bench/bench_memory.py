@@ -288,7 +288,7 @@ def trips_cell(turns: list[tuple[int, int]]) -> str:
     return f"{read + write} ({read}+{write}{spread})"
 
 
-async def open_route(
+def open_route(
     label: str,
     url: str,
     proxy: common.LatencyProxy | None,
@@ -435,11 +435,16 @@ def report(
         ratio_small = m_first / common.summarize(r.langchain[first].total).median
         flat = common.summarize(r.memchat[last].total).median / m_first
         verdict = "met" if ratio_small <= 0.5 else "MISSED"
-        print(
+        line = (
             f"{r.label}: target ratio <= 0.50 at {sessions[first].size:,} messages:"
-            f" {ratio_small:.2f} ({verdict}); memchat flatness, median at"
-            f" {sessions[last].size:,} / at {sessions[first].size:,}: {flat:.2f}x"
+            f" {ratio_small:.2f} ({verdict})"
         )
+        if last != first:
+            line += (
+                f"; memchat flatness, median at {sessions[last].size:,}"
+                f" / at {sessions[first].size:,}: {flat:.2f}x"
+            )
+        print(line)
     grown = []
     for s in sessions:
         rows_m, count_m, rows_l = final_sizes(admin, s)
@@ -471,11 +476,11 @@ async def run(args: argparse.Namespace) -> int:
             common.vacuum_analyze(admin, "public.chat_sessions", "auth.users")
 
             urls = [target.url]
-            routes.append(await open_route("direct", target.url, None, sessions))
+            routes.append(open_route("direct", target.url, None, sessions))
             for ms in args.latency_ms:
                 proxy = stack.enter_context(common.LatencyProxy(target.url, ms))
                 urls.append(proxy.url)
-                routes.append(await open_route(f"+{ms:g} ms", proxy.url, proxy, sessions))
+                routes.append(open_route(f"+{ms:g} ms", proxy.url, proxy, sessions))
             for r, url in zip(routes, urls, strict=True):
                 round_trip_time(r, url)
 

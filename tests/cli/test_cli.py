@@ -119,25 +119,35 @@ def test_dev_starts_from_nothing_with_embedded_postgres(tmp_path: Path) -> None:
     assert (tmp_path / ".memchat").exists() is False
 
 
-def test_token_creates_user_and_verifies(database_url: str, admin: psycopg.Connection,
-                                         tmp_path: Path) -> None:
+def test_token_creates_user_and_verifies(
+    database_url: str, admin: psycopg.Connection, tmp_path: Path
+) -> None:
     secret = "token-test-secret-" + "y" * 32
     email = f"{uuid.uuid4()}@example.test"
     env = _env(DATABASE_URL=database_url, SUPABASE_JWT_SECRET=secret)
     out = subprocess.run(
-        [*MEMCHAT, "token", "--email", email], env=env, cwd=tmp_path,
-        capture_output=True, text=True, check=True,
+        [*MEMCHAT, "token", "--email", email],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     claims = jwt.decode(out, secret, algorithms=["HS256"], audience="authenticated")
     assert claims["role"] == "authenticated" and claims["email"] == email
     row = admin.execute("select id from auth.users where email = %s", (email,)).fetchone()
     assert row is not None and str(row[0]) == claims["sub"]
     again = subprocess.run(
-        [*MEMCHAT, "token", "--email", email], env=env, cwd=tmp_path,
-        capture_output=True, text=True, check=True,
+        [*MEMCHAT, "token", "--email", email],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
-    assert jwt.decode(again, secret, algorithms=["HS256"], audience="authenticated")["sub"] == (
-        claims["sub"]
+    assert (
+        jwt.decode(again, secret, algorithms=["HS256"], audience="authenticated")["sub"]
+        == (claims["sub"])
     )
 
 
@@ -180,8 +190,12 @@ def test_terminal_chat_uses_a_new_session_per_run(
 def test_cleanup_dry_run_prints_counts(database_url: str, tmp_path: Path) -> None:
     env = _env(DATABASE_URL=database_url)
     result = subprocess.run(
-        [*MEMCHAT, "cleanup", "--dry-run"], env=env, cwd=tmp_path,
-        capture_output=True, text=True, check=True,
+        [*MEMCHAT, "cleanup", "--dry-run"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     report = json.loads(result.stdout)
     assert {"deleted_sessions", "deleted_messages", "batches", "duration_ms", "finished"} <= set(

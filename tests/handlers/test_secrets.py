@@ -67,7 +67,7 @@ def test_json_key_value_and_binary_secrets(stored: object) -> None:
 @pytest.mark.parametrize(
     ("stored", "message"),
     [
-        (json.dumps({"api_key": "sk"}), "without the key 'OPENAI_API_KEY'"),
+        (json.dumps({"api_key": "sk"}), "has no key 'OPENAI_API_KEY'"),
         ("   ", "is empty"),
         (PermissionError("AccessDeniedException"), "could not read OPENAI_API_KEY_SECRET_ARN"),
     ],
@@ -107,7 +107,7 @@ def test_database_url_alone() -> None:
 
 def test_through_powertools_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
     """The real fetchers, with AWS replaced by botocore's Stubber."""
-    boto3 = pytest.importorskip("boto3")
+    import boto3
     from aws_lambda_powertools.utilities import parameters
     from aws_lambda_powertools.utilities.parameters import base
     from botocore.stub import Stubber

@@ -77,7 +77,7 @@ def test_cfn_lint_is_clean() -> None:
 
 def test_sam_translates_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """What `sam deploy` sends: the SAM transform must accept the template."""
-    transform = pytest.importorskip("samtranslator.translator.transform").transform
+    from samtranslator.translator.transform import transform
 
     class Policies:
         def load(self) -> dict[str, str]:
@@ -105,6 +105,16 @@ def test_runtime_and_architecture_match_the_build_script() -> None:
     assert version and arch
     assert GLOBALS["Runtime"] == f"python{version.group(1)}"
     assert GLOBALS["Architectures"] == [arch.group(1)]
+
+
+def test_sam_build_has_a_make_target_per_function() -> None:
+    """`BuildMethod: makefile` runs `make build-<LogicalId>` in CodeUri (the repo root)."""
+    text = (ROOT / "Makefile").read_text()
+    for name, resource in RESOURCES.items():
+        if resource["Type"] == "AWS::Serverless::Function":
+            assert resource["Metadata"] == {"BuildMethod": "makefile"}
+            assert re.search(rf"^[^#\n]*\bbuild-{name}\b[^\n]*:", text, re.M), name
+    assert "infra/build_lambda.sh" in text and "$(ARTIFACTS_DIR)" in text
 
 
 def test_every_handler_module_is_deployed() -> None:

@@ -9,10 +9,19 @@ async def test_turn_roundtrip(db, users):
     ctx = await store.load_context(db, alice, session_id=None, agent_name="default", window=10)
     assert ctx.session is None and ctx.messages == [] and ctx.notes.version == 0
     sid = uuid.uuid4()
-    info = await store.record_turn(db, alice, store.Turn(
-        session_id=sid, agent_name="default", title="hi",
-        messages=[messages.human("hello"), messages.ai("hi there")], ttl=timedelta(hours=1),
-        notes="# Name\nAlice", notes_version=0))
+    info = await store.record_turn(
+        db,
+        alice,
+        store.Turn(
+            session_id=sid,
+            agent_name="default",
+            title="hi",
+            messages=[messages.human("hello"), messages.ai("hi there")],
+            ttl=timedelta(hours=1),
+            notes="# Name\nAlice",
+            notes_version=0,
+        ),
+    )
     assert info.message_count == 2 and info.id == sid
     ctx = await store.load_context(db, alice, session_id=None, agent_name="default", window=10)
     assert ctx.session.id == sid

@@ -54,7 +54,10 @@ class FakeOpenAI:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 128  # tests fire dozens of turns at once
+
+        self._server = Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
@@ -93,9 +96,7 @@ class FakeOpenAI:
             message["content"] = reply.get("content")
             message["tool_calls"] = reply["tool_calls"]
         else:
-            last_user = next(
-                (m for m in reversed(body["messages"]) if m.get("role") == "user"), {}
-            )
+            last_user = next((m for m in reversed(body["messages"]) if m.get("role") == "user"), {})
             message["content"] = reply.get("content", f"echo: {last_user.get('content', '')}")
         return 200, {
             "id": f"chatcmpl-{uuid.uuid4().hex}",

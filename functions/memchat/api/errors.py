@@ -54,9 +54,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
-        return error_response(
-            request, 400, "invalid_json", "The request body is not valid JSON."
-        )
+        return error_response(request, 400, "invalid_json", "The request body is not valid JSON.")
     details = []
     for error in errors[:5]:
         message = str(error.get("msg", "invalid value"))

@@ -50,7 +50,9 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
             response: Response = errors.error_response(
-                request, 413, "payload_too_large",
+                request,
+                413,
+                "payload_too_large",
                 f"The request body is over {MAX_BODY_BYTES} bytes.",
             )
         else:

@@ -1,9 +1,9 @@
-"""The HTTP functions' shared set-up, done once per Lambda instance.
+"""The API Gateway functions' entry point, set up once per Lambda instance.
 
-Everything at module scope runs in the init phase: secrets are fetched,
-settings validated (a misconfigured function fails here with a message that
-names the variable), the app built. Warm invocations reuse its database
-connection, the token verifier's keys and the model client.
+Everything at module scope runs in the init phase: `build_app()` fetches the
+secrets, validates the settings (a misconfigured function fails here with a
+message that names the variable) and builds the app. Warm invocations reuse
+its database connection, the token verifier's keys and the model client.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from mangum import Mangum
 
-from memchat import observability, secrets
-from memchat.api.main import create_app
+from memchat import observability
+from memchat.handlers.instance import build_app
 
 if TYPE_CHECKING:
     from mangum.types import LambdaContext
@@ -21,10 +21,7 @@ if TYPE_CHECKING:
 # Exports are NDJSON or Markdown as well as JSON: send them as text, not base64.
 TEXT_MIME_TYPES = ["text/", "application/json", "application/x-ndjson"]
 
-settings = secrets.load_settings()
-observability.configure(settings.log_level)
-app = create_app(settings)
-app.state.memchat.chat.on_turn = observability.record_turn
+app = build_app()
 adapter = Mangum(app, lifespan="off", text_mime_types=TEXT_MIME_TYPES)
 
 

@@ -40,9 +40,7 @@ async def chat(
     """Send a message; the answer sees the conversation so far and the user's notes."""
     limit = state.settings.max_message_chars
     if len(body.message) > limit:
-        raise PayloadTooLarge(
-            f"message is {len(body.message)} characters; the limit is {limit}."
-        )
+        raise PayloadTooLarge(f"message is {len(body.message)} characters; the limit is {limit}.")
     if not body.message.strip():
         raise BadRequest("message must contain some text.")
     for name, value in (("message", body.message), ("client_message_id", body.client_message_id)):
