@@ -260,14 +260,24 @@ async def bench(target: common.Target, count: int, runs: int) -> None:
                 f"({rate:,.0f} >= {MIN_RATE:,} messages/s, {peak_mb:.1f} < {MAX_RSS_MB:.0f} MB)"
             )
     print(common.machine_report(admin, target, load_at_start=load_at_start))
-    print(f"rss:        {baseline / MB:.1f} MB after warm-up, before the timed runs;"
-          f" ru_maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MB"
-          " (includes the checks)")
+    print(
+        f"rss:        {baseline / MB:.1f} MB after warm-up, before the timed runs;"
+        f" ru_maxrss {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MB"
+        " (includes the checks)"
+    )
     print(f"runs:       {runs} per format, seconds = median\n")
     print(
         common.format_table(
-            ["format", "messages", "seconds", "messages/s", "MB out", "chunks",
-             "peak RSS MB", "checked"],
+            [
+                "format",
+                "messages",
+                "seconds",
+                "messages/s",
+                "MB out",
+                "chunks",
+                "peak RSS MB",
+                "checked",
+            ],
             rows,
         )
     )

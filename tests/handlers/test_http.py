@@ -1,4 +1,7 @@
-"""The HTTP functions (chat, clear, export) invoked with API Gateway v2 events."""
+"""The API Gateway functions (chat, clear) invoked with API Gateway v2 events.
+
+The export function is not behind API Gateway: see test_stream.py.
+"""
 
 from __future__ import annotations
 
@@ -132,53 +135,6 @@ def test_clear_session(lambda_: LambdaRuntime, users: UserFactory, model) -> Non
     assert uuid.UUID(cleared["new_session_id"]) != uuid.UUID(session_id)
 
 
-@pytest.mark.parametrize(
-    ("fmt", "media_type"),
-    [
-        ("json", "application/json"),
-        ("ndjson", "application/x-ndjson"),
-        ("markdown", "text/markdown"),
-    ],
-)
-def test_export_session_is_text_not_base64(
-    lambda_: LambdaRuntime, users: UserFactory, model, fmt: str, media_type: str
-) -> None:
-    token = token_for(users.create().user_id)
-    session_id = chat(lambda_, token, "export me")["session_id"]
-
-    event = http_event(
-        "export.json",
-        token=token,
-        query={"format": fmt},
-        path=f"/chat/export/{session_id}",
-        path_params={"session_id": session_id},
-    )
-    response = lambda_.invoke("export", event, FakeContext(function_name="memchat-Export"))
-
-    assert response["statusCode"] == 200, response
-    assert response["isBase64Encoded"] is False
-    headers = response["headers"]
-    assert headers["content-type"].startswith(media_type)
-    assert headers["content-disposition"].startswith("attachment;")
-    assert "echo: export me" in response["body"]
-    if fmt == "json":
-        exported = json.loads(response["body"])
-        assert [m["role"] for m in exported["messages"]] == ["user", "assistant"]
-
-
-def test_export_account(lambda_: LambdaRuntime, users: UserFactory, model) -> None:
-    caller = users.create()
-    token = token_for(caller.user_id)
-    chat(lambda_, token, "first")
-    event = http_event("export_account.json", token=token, query={"format": "json"})
-    response = lambda_.invoke("export", event)
-    assert response["statusCode"] == 200, response
-    assert response["isBase64Encoded"] is False
-    exported = json.loads(response["body"])
-    assert exported["user_id"] == str(caller.user_id)
-    assert len(exported["sessions"]) == 1
-
-
 def test_sessions_memory_and_account_routes(
     lambda_: LambdaRuntime, users: UserFactory, model
 ) -> None:
@@ -250,7 +206,8 @@ def test_secrets_are_fetched_before_the_app_is_built(
 
     assert fetched == [arn]
     assert response["statusCode"] == 200
-    assert lambda_.load("http").settings.database_url == lambda_env["DATABASE_URL"]
+    settings = lambda_.load("http").app.state.memchat.settings
+    assert settings.database_url == lambda_env["DATABASE_URL"]
 
 
 def test_a_missing_setting_fails_the_init_phase_by_name(

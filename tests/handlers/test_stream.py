@@ -227,7 +227,7 @@ def test_exports_check_the_token_and_the_owner(
 
     response = httpx.get(f"{stream_server.url}/chat/export/{session_id}", headers=auth_for(other))
     assert response.status_code == 404, response.text
-    assert response.json()["error"] == "not_found"
+    assert response.json()["error"] == "session_not_found"
 
 
 @pytest.mark.parametrize(
@@ -287,7 +287,7 @@ def test_secrets_are_resolved_as_for_the_http_functions(
             async with httpx.AsyncClient(transport=transport, base_url="http://lwa") as client:
                 return await client.get("/health")
         finally:
-            await app.state.memchat.close()
+            await app.app.state.memchat.close()
 
     loop = asyncio.new_event_loop()
     try:

@@ -18,7 +18,8 @@ from memchat.handlers.instance import build_app
 if TYPE_CHECKING:
     from mangum.types import LambdaContext
 
-# Exports are NDJSON or Markdown as well as JSON: send them as text, not base64.
+# Text responses go out as text, not base64 (the export formats included, though
+# the exports themselves are served by memchat.handlers.stream).
 TEXT_MIME_TYPES = ["text/", "application/json", "application/x-ndjson"]
 
 app = build_app()
