@@ -255,11 +255,20 @@ class _Handled(Exception):
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING").upper())
-    from memchat.usecases.cleanup import run_cleanup
+    from memchat.config import ConfigError
+    from memchat.usecases.cleanup import run_cleanup, settings_from_env
 
-    batch_size = args.batch_size or int(os.environ.get("CLEANUP_BATCH_SIZE", "1000"))
+    try:
+        batch_size, pause_factor = settings_from_env()
+    except ConfigError as exc:
+        _err(str(exc))
+        return 2
     result = run_cleanup(
-        _database_url(), batch_size=batch_size, max_seconds=args.max_seconds, dry_run=args.dry_run
+        _database_url(),
+        batch_size=args.batch_size or batch_size,
+        pause_factor=pause_factor if args.pause_factor is None else args.pause_factor,
+        max_seconds=args.max_seconds,
+        dry_run=args.dry_run,
     )
     print(json.dumps(result.as_dict(), indent=2))
     return 0
@@ -296,6 +305,12 @@ def build_parser() -> argparse.ArgumentParser:
     clean.add_argument("--dry-run", action="store_true", help="only count what would go")
     clean.add_argument("--max-seconds", type=float, default=None)
     clean.add_argument("--batch-size", type=int, default=None)
+    clean.add_argument(
+        "--pause-factor",
+        type=float,
+        default=None,
+        help="pause this many times each batch's duration between batches (default 1; 0: none)",
+    )
     clean.set_defaults(func=cmd_cleanup)
     return parser
 

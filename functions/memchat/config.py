@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     openai_model: str = "gpt-4o-mini"
     openai_timeout_seconds: float = Field(default=60.0, gt=0)
     openai_max_retries: int = Field(default=2, ge=0, le=10)
+    # The whole model conversation of a turn (all tool rounds and retries):
+    # API Gateway gives up after 30 s, so answer 504 before it does.
+    turn_timeout_seconds: float = Field(default=25.0, gt=0)
     # `memchat dev` with no key answers from the built-in offline responder.
     offline_model: bool = False
 

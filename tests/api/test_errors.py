@@ -277,3 +277,27 @@ async def test_a_supplied_request_id_is_echoed_in_errors_and_answers(
     first = assert_error(r, 401, "unauthorized")["request_id"]
     second = assert_error(await api.post("/chat", json={}), 401, "unauthorized")["request_id"]
     assert first != second
+
+
+async def test_a_turn_past_its_overall_deadline_is_504_and_stores_nothing(
+    database_url: str, model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    """Each model call is within its own timeout, but the tool rounds add up."""
+    api = ApiClient(
+        make_settings(database_url, model.url, openai_timeout_seconds=5, turn_timeout_seconds=1)
+    )
+    try:
+        user_id, auth = api.new_user()
+        before = snapshot(admin, user_id)
+        model.script(
+            {"delay": 0.4, **tool_call("append", content="- a")},
+            {"delay": 0.4, **tool_call("append", content="- b")},
+            {"delay": 0.4, **tool_call("append", content="- c")},
+            {"delay": 0.4, "content": "done"},
+        )
+        r = await api.post("/chat", json={"message": "slow rounds"}, headers=auth)
+        body = assert_error(r, 504, "model_timeout")
+        assert "within 1 s" in body["detail"]
+        assert snapshot(admin, user_id) == before
+    finally:
+        await api.aclose()

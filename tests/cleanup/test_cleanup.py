@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from memchat.usecases.cleanup import CleanupResult, run_cleanup
+from memchat.config import ConfigError
+from memchat.usecases.cleanup import CleanupResult, run_cleanup, settings_from_env
 from tests.cleanup.conftest import HOUR, Seeder
 
 CONTRACT = {"deleted_sessions", "deleted_messages", "batches", "duration_ms", "finished"}
@@ -172,3 +173,46 @@ def _expired_now(seed: Seeder) -> tuple[int, int]:
     ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
+
+
+def test_pauses_between_batches_in_proportion_to_each_batch(database_url, users, seed: Seeder):
+    for _ in range(5):
+        seed.session(users.create().user_id, messages=2)
+    pauses: list[float] = []
+    result = run_cleanup(database_url, batch_size=2, pause_factor=2.0, sleep=pauses.append)
+    assert result.finished and result.batches >= 3
+    # No pause after the last (short) batch: nothing is left to throttle.
+    assert len(pauses) == result.batches - 1
+    assert all(p > 0 for p in pauses)
+
+    for _ in range(3):
+        seed.session(users.create().user_id, messages=1)
+    unthrottled: list[float] = []
+    run_cleanup(database_url, batch_size=1, pause_factor=0, sleep=unthrottled.append)
+    assert unthrottled == []
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, (1000, 1.0)),
+        ({"CLEANUP_BATCH_SIZE": "200", "CLEANUP_PAUSE_FACTOR": "0.5"}, (200, 0.5)),
+        ({"CLEANUP_PAUSE_FACTOR": "0"}, (1000, 0.0)),
+    ],
+)
+def test_settings_from_env(env, expected):
+    assert settings_from_env(env) == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"CLEANUP_BATCH_SIZE": "0"}, "CLEANUP_BATCH_SIZE"),
+        ({"CLEANUP_BATCH_SIZE": "lots"}, "CLEANUP_BATCH_SIZE"),
+        ({"CLEANUP_PAUSE_FACTOR": "-1"}, "CLEANUP_PAUSE_FACTOR"),
+        ({"CLEANUP_PAUSE_FACTOR": "fast"}, "CLEANUP_PAUSE_FACTOR"),
+    ],
+)
+def test_bad_settings_name_the_variable(env, named):
+    with pytest.raises(ConfigError, match=named):
+        settings_from_env(env)

@@ -10,22 +10,14 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from memchat import observability, secrets
-from memchat.config import ConfigError
-from memchat.usecases.cleanup import run_cleanup
+from memchat.usecases.cleanup import run_cleanup, settings_from_env
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
 
-def _batch_size() -> int:
-    raw = os.environ.get("CLEANUP_BATCH_SIZE", "1000")
-    if not raw.strip().isdigit() or not 1 <= int(raw) <= 100_000:
-        raise ConfigError("invalid configuration: CLEANUP_BATCH_SIZE must be 1..100000")
-    return int(raw)
-
-
 conninfo = secrets.database_url()
-batch_size = _batch_size()
+batch_size, pause_factor = settings_from_env()
 observability.configure(os.environ.get("LOG_LEVEL", "INFO").upper())
 
 
@@ -35,6 +27,7 @@ def handler(event: Any, context: LambdaContext) -> dict[str, Any]:
     result = run_cleanup(
         conninfo,
         batch_size=batch_size,
+        pause_factor=pause_factor,
         dry_run=dry_run,
         remaining_ms=context.get_remaining_time_in_millis,
     )

@@ -7,6 +7,7 @@ timeout leaves the database as it was.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -15,6 +16,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from memchat import messages, store
+from memchat.errors import UpstreamTimeout
 from memchat.model import tools
 
 if TYPE_CHECKING:
@@ -112,7 +114,14 @@ class ChatService:
         prompt.append({"role": "user", "content": request.message})
 
         model_started = time.perf_counter()
-        outcome = await self._converse(prompt, notes.notes)
+        budget = self.settings.turn_timeout_seconds
+        try:
+            async with asyncio.timeout(budget):
+                outcome = await self._converse(prompt, notes.notes)
+        except TimeoutError:
+            raise UpstreamTimeout(
+                f"The model did not finish the turn within {budget:g} s; nothing was stored."
+            ) from None
         model_ms = (time.perf_counter() - model_started) * 1000
 
         stored = [messages.human(request.message), *outcome.messages]
