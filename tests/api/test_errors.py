@@ -301,3 +301,22 @@ async def test_a_turn_past_its_overall_deadline_is_504_and_stores_nothing(
         assert snapshot(admin, user_id) == before
     finally:
         await api.aclose()
+
+
+async def test_an_unexpected_error_is_a_json_500_and_its_text_is_not_logged(
+    api: ApiClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    secret_text = "the user's private words"
+
+    async def boom() -> None:
+        raise RuntimeError(secret_text)
+
+    api.app.add_api_route("/boom", boom)
+    with caplog.at_level("DEBUG"):
+        r = await api.get("/boom", headers={"X-Request-ID": "req-boom"})
+    body = assert_error(r, 500, "internal_error")
+    assert body["request_id"] == "req-boom" and secret_text not in r.text
+    records = [rec for rec in caplog.records if rec.getMessage() == "unhandled error"]
+    assert records and records[0].error_type == "builtins.RuntimeError"
+    assert any("boom" in frame for frame in records[0].where)
+    assert all(secret_text not in rec.getMessage() and not rec.exc_info for rec in caplog.records)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import traceback
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -75,9 +76,26 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(request, exc.status_code, code, detail, dict(exc.headers or {}))
 
 
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unhandled error", extra={"error_type": type(exc).__name__})
+def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    """A 500 in the contract's shape; the request middleware calls this so
+    the exception never reaches the server's own (verbose) error logging."""
+    # The exception's text may quote user input (a database error echoing a
+    # value, say): log where it happened, never what it says.
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in frames[-5:]]
+    logger.error(
+        "unhandled error",
+        extra={
+            "error_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+            "where": where,
+            "request_id": request_id_of(request),
+        },
+    )
     return error_response(request, 500, "internal_error", MemchatError.detail)
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    return unexpected_error(request, exc)
 
 
 def install(app: FastAPI) -> None:

@@ -56,7 +56,10 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
                 f"The request body is over {MAX_BODY_BYTES} bytes.",
             )
         else:
-            response = await call_next(request)
+            try:
+                response = await call_next(request)
+            except Exception as exc:
+                response = errors.unexpected_error(request, exc)
         response.headers["X-Request-ID"] = request.state.request_id
         logger.info(
             "request",
