@@ -67,7 +67,12 @@ def tool(content: str, *, tool_call_id: str, name: str) -> dict[str, Any]:
 
 
 def text_of(message: dict[str, Any]) -> str:
-    content = message.get("data", {}).get("content", "")
+    """The text of a stored message."""
+    return content_text(message.get("data", {}).get("content", ""))
+
+
+def content_text(content: Any) -> str:
+    """The text of a message's content, whatever shape LangChain gave it."""
     if isinstance(content, str):
         return content
     if content is None:
@@ -75,7 +80,7 @@ def text_of(message: dict[str, Any]) -> str:
     # Multimodal content (written by other LangChain apps): a list of strings and
     # blocks; keep the text.
     if not isinstance(content, list):
-        return json.dumps(content)
+        return json.dumps(content, ensure_ascii=False)
     parts = [
         p if isinstance(p, str) else str(p.get("text") or "")
         for p in content

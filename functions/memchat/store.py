@@ -285,10 +285,8 @@ async def delete_notes(db: Database, caller: Caller, agent_name: str) -> bool:
 
 # ------------------------------------------------------------- sessions
 
-_SESSION_JSON = """jsonb_build_object(
-    'id', s.id, 'agent_name', s.agent_name, 'title', s.title, 'status', s.status,
-    'message_count', s.message_count, 'created_at', s.created_at,
-    'last_active_at', s.last_active_at, 'expires_at', s.expires_at)"""
+# A session row as JSON (SessionInfo.from_json picks the fields it shows).
+_SESSION_JSON = "to_jsonb(s)"
 
 # The session a clear-session request names: the given id, else the active
 # one. The first statement locks it and records its id for the transaction,

@@ -74,11 +74,8 @@ begin
 
   return jsonb_build_object(
     'taken', false,
-    'session', case when v_session.id is null then null else jsonb_build_object(
-        'id', v_session.id, 'agent_name', v_session.agent_name, 'title', v_session.title,
-        'status', v_session.status, 'message_count', v_session.message_count,
-        'created_at', v_session.created_at, 'last_active_at', v_session.last_active_at,
-        'expires_at', v_session.expires_at, 'expired', v_session.expires_at <= now()) end,
+    'session', case when v_session.id is null then null else
+      to_jsonb(v_session) || jsonb_build_object('expired', v_session.expires_at <= now()) end,
     'notes', v_notes,
     'messages', v_messages,
     'replay', v_replay);
@@ -144,11 +141,7 @@ begin
     perform memchat.save_notes(v_session.agent_name, p_notes, p_notes_version);
   end if;
 
-  return jsonb_build_object(
-    'id', v_session.id, 'agent_name', v_session.agent_name, 'title', v_session.title,
-    'status', v_session.status, 'message_count', v_session.message_count,
-    'created_at', v_session.created_at, 'last_active_at', v_session.last_active_at,
-    'expires_at', v_session.expires_at);
+  return to_jsonb(v_session);
 end
 $$;
 

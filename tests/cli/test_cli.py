@@ -49,21 +49,26 @@ def _wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 60) ->
     raise AssertionError("memchat dev did not become healthy")
 
 
-@pytest.fixture
-def dev_server(database_url: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    """`memchat dev` against the test database, offline model, own JWT secret."""
+def _start_dev(env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], str]:
+    """`memchat dev` on a free port; returns the process and its base URL."""
     port = _free_port()
-    secret = "cli-test-secret-" + "x" * 32
-    env = _env(DATABASE_URL=database_url, SUPABASE_JWT_SECRET=secret, MEMCHAT_HOME=str(tmp_path))
     proc = subprocess.Popen(
         [*MEMCHAT, "dev", "--port", str(port)],
         env=env,
-        cwd=tmp_path,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
-    url = f"http://127.0.0.1:{port}"
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def dev_server(database_url: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """`memchat dev` against the test database, offline model, own JWT secret."""
+    secret = "cli-test-secret-" + "x" * 32
+    env = _env(DATABASE_URL=database_url, SUPABASE_JWT_SECRET=secret, MEMCHAT_HOME=str(tmp_path))
+    proc, url = _start_dev(env, tmp_path)
     try:
         _wait_healthy(url, proc)
         yield url, env
@@ -73,17 +78,8 @@ def dev_server(database_url: str, tmp_path: Path) -> Iterator[tuple[str, dict[st
 
 
 def test_dev_starts_from_nothing_with_embedded_postgres(tmp_path: Path) -> None:
-    port = _free_port()
     env = _env(MEMCHAT_HOME=str(tmp_path / ".memchat"))
-    proc = subprocess.Popen(
-        [*MEMCHAT, "dev", "--port", str(port)],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    proc, url = _start_dev(env, tmp_path)
     try:
         assert _wait_healthy(url, proc) == {"status": "ok", "database": "ok"}
         token = subprocess.run(

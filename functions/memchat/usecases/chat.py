@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from memchat.config import Settings
     from memchat.db import Database
-    from memchat.model.client import ModelClient
+    from memchat.model.client import ModelClient, ToolCall
 
 logger = logging.getLogger(__name__)
 
@@ -171,14 +171,14 @@ class ChatService:
             agent_name=agent_name,
             model=outcome.model,
             usage=outcome.usage,
-            memory={
-                "enabled": True,
-                "messages_in_context": len(history),
-                "long_term_notes_used": bool(notes.notes),
-                "long_term_notes_updated": bool(outcome.edits),
-                "context_truncated": truncated,
-                "retrieval_ms": round(retrieval_ms, 3),
-            },
+            memory=_memory(
+                enabled=True,
+                retrieval_ms=retrieval_ms,
+                messages_in_context=len(history),
+                notes_used=bool(notes.notes),
+                notes_updated=bool(outcome.edits),
+                truncated=truncated,
+            ),
             session=session,
             timings={"retrieval_ms": retrieval_ms, "model_ms": model_ms, "record_ms": record_ms},
         )
@@ -206,14 +206,7 @@ class ChatService:
             agent_name=request.agent_name,
             model=completion.model,
             usage=_usage(completion.usage),
-            memory={
-                "enabled": False,
-                "messages_in_context": 0,
-                "long_term_notes_used": False,
-                "long_term_notes_updated": False,
-                "context_truncated": False,
-                "retrieval_ms": 0.0,
-            },
+            memory=_memory(enabled=False),
             session=None,
             timings={"model_ms": (time.perf_counter() - started) * 1000},
         )
@@ -254,8 +247,7 @@ class ChatService:
                 outcome.rounds = round_number
                 return outcome
             calls = [
-                {"id": c.id, "name": c.name, "args": _safe_args(c.arguments)}
-                for c in completion.tool_calls
+                {"id": c.id, "name": c.name, "args": _safe_args(c)} for c in completion.tool_calls
             ]
             outcome.messages.append(
                 messages.ai(completion.content, tool_calls=calls, model=completion.model)
@@ -280,7 +272,7 @@ class ChatService:
                 prompt.append({"role": "tool", "tool_call_id": call.id, "content": result})
         raise AssertionError("unreachable")
 
-    def _run_tool(self, call: Any, outcome: _Outcome) -> str:
+    def _run_tool(self, call: ToolCall, outcome: _Outcome) -> str:
         if call.name != tools.TOOL_NAME:
             return f"error: unknown tool {call.name!r}"
         try:
@@ -326,14 +318,32 @@ class _Outcome:
     usage: dict[str, int] = field(default_factory=dict)
 
 
-def _safe_args(arguments: str) -> dict[str, Any]:
-    import json
-
+def _safe_args(call: ToolCall) -> dict[str, Any]:
+    """The call's arguments as stored; kept raw when they are not a JSON object."""
     try:
-        value = json.loads(arguments or "{}")
+        return call.parsed()
     except ValueError:
-        return {"_raw": arguments}
-    return value if isinstance(value, dict) else {"_raw": arguments}
+        return {"_raw": call.arguments}
+
+
+def _memory(
+    *,
+    enabled: bool,
+    retrieval_ms: float = 0.0,
+    messages_in_context: int = 0,
+    notes_used: bool = False,
+    notes_updated: bool = False,
+    truncated: bool = False,
+) -> dict[str, Any]:
+    """The response's `memory` metadata."""
+    return {
+        "enabled": enabled,
+        "messages_in_context": messages_in_context,
+        "long_term_notes_used": notes_used,
+        "long_term_notes_updated": notes_updated,
+        "context_truncated": truncated,
+        "retrieval_ms": round(retrieval_ms, 3),
+    }
 
 
 def _usage(usage: dict[str, int]) -> dict[str, int]:
@@ -361,14 +371,7 @@ def _replayed(context: store.Context, retrieval_ms: float) -> ChatResult:
             "prompt_tokens": usage.get("input_tokens", 0),
             "completion_tokens": usage.get("output_tokens", 0),
         },
-        memory={
-            "enabled": True,
-            "messages_in_context": 0,
-            "long_term_notes_used": False,
-            "long_term_notes_updated": False,
-            "context_truncated": False,
-            "retrieval_ms": round(retrieval_ms, 3),
-        },
+        memory=_memory(enabled=True, retrieval_ms=retrieval_ms),
         session=context.session,
         replayed=True,
     )

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from memchat import store
+from memchat import messages, store
 from memchat.errors import SessionNotFound
 
 if TYPE_CHECKING:
@@ -273,20 +273,10 @@ def _markdown_message(message: dict[str, Any]) -> str:
     if role == "tool" and meta.get("name"):
         head += f" `{meta['name']}`"
     parts = [f"{head} · {message.get('created_at', '')}\n\n"]
-    text = _text(message.get("content"))
+    text = messages.content_text(message.get("content"))
     if text:
         parts.append(text + "\n\n")
     for call in meta.get("tool_calls") or []:
         arguments = json.dumps(call.get("args", {}), ensure_ascii=False)
         parts.append(f"→ `{call.get('name', '?')}({arguments})`\n\n")
     return "".join(parts)
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content blocks written by other LangChain apps
-        texts = [b.get("text", "") for b in content if isinstance(b, dict)]
-        if any(texts):
-            return "".join(texts)
-    return "" if content is None else json.dumps(content, ensure_ascii=False)
