@@ -2,13 +2,23 @@
 
 The `openai` SDK is imported on first use: it is the heaviest import of the
 chat path and most cold starts never need it before the first request.
+
+The SDK builds its response objects without validating them, so a server
+that answers 200 with a broken body (HTML from a proxy, truncated JSON,
+fields of the wrong type) would only fail later, far from here, as a 500.
+The body is therefore read here as plain JSON and every field we use is
+checked: anything unexpected is the provider's failure (502, nothing
+stored). Every string we keep is made storable (see `_storable`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
+import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from memchat.errors import UpstreamError, UpstreamTimeout
 
@@ -18,17 +28,26 @@ if TYPE_CHECKING:
 
     from memchat.config import Settings
 
+logger = logging.getLogger(__name__)
+
+UNREADABLE = "The model provider sent an answer that could not be read; nothing was stored."
+NO_ANSWER = "The model provider returned no answer; nothing was stored."
+
 
 @dataclass(frozen=True)
 class ToolCall:
     id: str
     name: str
-    arguments: str  # raw JSON text as the model wrote it
+    arguments: str  # raw JSON text as the model wrote it (made storable)
 
     def parsed(self) -> dict[str, Any]:
-        value = json.loads(self.arguments or "{}")
+        try:
+            value = json.loads(self.arguments or "{}")
+        except RecursionError:
+            raise ValueError("tool arguments are nested too deeply") from None
         if not isinstance(value, dict):
             raise ValueError("tool arguments must be a JSON object")
+        _check_storable_json(value)
         return value
 
 
@@ -78,7 +97,10 @@ class ModelClient:
             kwargs["tools"] = tools
             kwargs["tool_choice"] = "auto" if allow_tools else "none"
         try:
-            response = await self._openai().chat.completions.create(**kwargs)
+            # The raw response: its body is read below, not by the SDK (see the
+            # module docstring). Status errors, timeouts and retries are the SDK's.
+            response = await self._openai().chat.completions.with_raw_response.create(**kwargs)
+            body = response.content
         except openai.APITimeoutError as exc:
             raise UpstreamTimeout() from exc
         except openai.APIStatusError as exc:
@@ -87,22 +109,12 @@ class ModelClient:
             ) from exc
         except openai.APIError as exc:
             raise UpstreamError() from exc
-        if not response.choices:
-            raise UpstreamError("The model provider returned no answer; nothing was stored.")
-        message = response.choices[0].message
-        calls = [
-            ToolCall(c.id, c.function.name, _without_nul_json(c.function.arguments or "{}"))
-            for c in message.tool_calls or []
-            if getattr(c, "function", None) is not None
-        ]
-        usage = {}
-        if response.usage is not None:
-            usage = {
-                "prompt_tokens": response.usage.prompt_tokens or 0,
-                "completion_tokens": response.usage.completion_tokens or 0,
-            }
-        content = (message.content or "").replace("\x00", "")
-        return Completion(content, calls, response.model or self.model, usage)
+        try:
+            return _completion(body, self.model)
+        except _Unreadable as exc:
+            # Which field was wrong, never its value: it may be message text.
+            logger.warning("model answer unreadable", extra={"reason": str(exc)})
+            raise UpstreamError(UNREADABLE) from None
 
     async def close(self) -> None:
         if self._client is not None:
@@ -110,25 +122,149 @@ class ModelClient:
             self._client = None
 
 
-def _without_nul(value: Any) -> Any:
-    """`value` with NUL removed from every string: PostgreSQL text and jsonb
-    cannot hold it, so a model that emits one would fail the turn when it is
-    stored; it carries no meaning."""
-    if isinstance(value, str):
-        return value.replace("\x00", "")
-    if isinstance(value, list):
-        return [_without_nul(v) for v in value]
-    if isinstance(value, dict):
-        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+class _Unreadable(Exception):
+    """The body is not a chat completion we can use; the message names the field."""
+
+
+def _completion(body: bytes, default_model: str) -> Completion:
+    """The completion in a 200 response body, every field used checked."""
+    try:
+        data = json.loads(body)  # bytes: UTF-8/16/32 detected; invalid is a ValueError
+    except (ValueError, RecursionError):
+        raise _Unreadable("body is not JSON") from None
+    root = _object(data, "body")
+    choices = root.get("choices")
+    if choices is None or choices == []:
+        raise UpstreamError(NO_ANSWER)
+    if not isinstance(choices, list):
+        raise _Unreadable("choices is not a list")
+    message = _object(_object(choices[0], "choices[0]").get("message"), "message")
+    content = _string(message.get("content"), "message.content", default="")
+    tool_calls = message.get("tool_calls")
+    if tool_calls is None:
+        tool_calls = []
+    if not isinstance(tool_calls, list):
+        raise _Unreadable("message.tool_calls is not a list")
+    calls = [c for c in (_tool_call(item) for item in tool_calls) if c is not None]
+    model = _string(root.get("model"), "model", default="") or default_model
+    return Completion(content, calls, model, _usage(root.get("usage")))
+
+
+def _tool_call(value: Any) -> ToolCall | None:
+    """A function call; None for other kinds of call (they carry no function)."""
+    call = _object(value, "tool call")
+    if call.get("function") is None:
+        return None
+    function = _object(call["function"], "tool call function")
+    return ToolCall(
+        id=_string(call.get("id"), "tool call id"),
+        name=_string(function.get("name"), "tool call name"),
+        arguments=_storable_json(_string(function.get("arguments"), "arguments", default="{}")),
+    )
+
+
+def _usage(value: Any) -> dict[str, int]:
+    if value is None:
+        return {}
+    usage = _object(value, "usage")
+    counts = {}
+    for key in ("prompt_tokens", "completion_tokens"):
+        count = usage.get(key)
+        if count is None:
+            count = 0
+        # bool is an int in Python, not a token count.
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise _Unreadable(f"usage.{key} is not a count")
+        counts[key] = count
+    return counts
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Unreadable(f"{where} is not an object")
     return value
 
 
-def _without_nul_json(arguments: str) -> str:
-    """Tool-call arguments (JSON text) with NUL removed from every string."""
-    if "\\u0000" not in arguments and "\x00" not in arguments:
-        return arguments
+def _string(value: Any, where: str, *, default: str | None = None) -> str:
+    """A string field, made storable; null or absent only when there is a default."""
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, str):
+        raise _Unreadable(f"{where} is not a string")
+    return _storable(value)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+@overload
+def _storable(value: str) -> str: ...
+@overload
+def _storable(value: object) -> object: ...
+def _storable(value: object) -> object:
+    """`value` with every string made storable in PostgreSQL text and jsonb.
+
+    NUL is removed: neither type can hold it, and it carries no meaning. Lone
+    UTF-16 surrogates (JSON may escape one, "\\ud800", but it is no character)
+    become U+FFFD: they cannot be encoded as UTF-8, so psycopg would fail the
+    turn when it is stored. A surrogate pair split in two is joined again.
+    """
+    if isinstance(value, str):
+        value = value.replace("\x00", "")
+        if _SURROGATE.search(value):
+            value = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+        return value
+    if isinstance(value, list):
+        return [_storable(v) for v in value]
+    if isinstance(value, dict):
+        return {_storable(k): _storable(v) for k, v in value.items()}
+    return value
+
+
+# JSON escapes that decode to something `_storable` changes: NUL or a surrogate.
+_UNSTORABLE_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
+
+
+def _storable_json(text: str) -> str:
+    """JSON text (tool-call arguments) whose decoded strings are storable too.
+
+    `text` itself has been through `_storable`; escapes can still decode to
+    NUL or a lone surrogate, so such text is decoded, repaired and written
+    again. Text that is not JSON is left as it is (it is stored as a string).
+    """
+    if not _UNSTORABLE_ESCAPE.search(text):
+        return text
     try:
-        value = json.loads(arguments)
-    except ValueError:
-        return arguments.replace("\x00", "")
-    return json.dumps(_without_nul(value), ensure_ascii=False)
+        value = json.loads(text)
+        repaired = _storable(value)
+        if repaired == value:
+            return text
+        return json.dumps(repaired, ensure_ascii=False)
+    except (ValueError, RecursionError):
+        # Not JSON, or nested too deeply to walk: ToolCall.parsed refuses it
+        # and it is stored as a string, which holds the escapes as they are.
+        return text
+
+
+_MAX_ARGUMENT_DEPTH = 64
+
+
+def _check_storable_json(value: Any) -> None:
+    """Refuse parsed arguments that would fail the turn when stored as jsonb.
+
+    json.loads accepts NaN and Infinity (and 1e400 parses as inf), which jsonb
+    cannot hold; and deeply nested values would exhaust the recursion of
+    whatever walks them next (our sanitizer, psycopg's json.dumps). Walked
+    without recursion for that reason.
+    """
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > _MAX_ARGUMENT_DEPTH:
+            raise ValueError("tool arguments are nested too deeply")
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ValueError("tool arguments must hold finite numbers")
+        if isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+        elif isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
