@@ -7,26 +7,32 @@ DATABASE_URL points at one already (it must be a disposable database).
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
+from memchat import devdb
 from memchat.config import Settings, load_settings
 from memchat.db import Database
 from memchat.devdb import quiet_runtime_dir
 from memchat.migrate import migrate
 from tests.utils.api import ApiClient
 from tests.utils.fake_openai import FakeOpenAI
-from tests.utils.users import UserFactory
+from tests.utils.users import UserFactory, set_admin_conninfo
 
 
 @pytest.fixture(scope="session")
-def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The owner's (superuser's) connection: migrations, arranging and checking rows."""
     url = os.environ.get("DATABASE_URL")
     if url:
         migrate(url)
+        set_admin_conninfo(url)
         yield url
         return
     quiet_runtime_dir()
@@ -36,14 +42,54 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     server = pgserver.get_server(data_dir, cleanup_mode="stop")
     uri = server.get_uri()
     migrate(uri)
+    set_admin_conninfo(uri)
     yield uri
     server.cleanup()
 
 
 @pytest.fixture(scope="session")
-def admin(database_url: str) -> Iterator[psycopg.Connection]:
+def role_password(admin_url: str) -> str | None:
+    """The login roles' password for this run: None on the embedded server
+    (it trusts local logins); on a DATABASE_URL server (a disposable one) the
+    roles get a fresh one."""
+    if not conninfo_to_dict(admin_url).get("password"):
+        return None
+    password = secrets.token_urlsafe(24)
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        for role in (devdb.API_ROLE, devdb.CLEANUP_ROLE):
+            conn.execute(
+                sql.SQL("alter role {} with password {}").format(
+                    sql.Identifier(role), sql.Literal(password)
+                )
+            )
+    return password
+
+
+@pytest.fixture(scope="session")
+def role_urls(admin_url: str, role_password: str | None) -> dict[str, str]:
+    """How each login role of the migrations connects (the API's, the cleanup's)."""
+    return {
+        role: devdb.role_conninfo(admin_url, role, role_password)
+        for role in (devdb.API_ROLE, devdb.CLEANUP_ROLE)
+    }
+
+
+@pytest.fixture(scope="session")
+def database_url(role_urls: dict[str, str]) -> str:
+    """What the API logs in with: `memchat_api`, a role with no rights of its own."""
+    return role_urls[devdb.API_ROLE]
+
+
+@pytest.fixture(scope="session")
+def cleanup_url(role_urls: dict[str, str]) -> str:
+    """What the scheduled cleanup logs in with: `memchat_cleanup`."""
+    return role_urls[devdb.CLEANUP_ROLE]
+
+
+@pytest.fixture(scope="session")
+def admin(admin_url: str) -> Iterator[psycopg.Connection]:
     """A superuser connection (bypasses RLS) for arranging and checking rows."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
         yield conn
 
 
@@ -88,6 +134,8 @@ def make_settings(database_url: str, model_url: str, **overrides: object) -> Set
         "openai_max_retries": 0,
         "openai_timeout_seconds": 5,
         "db_max_connections": 30,
+        # Tests run many turns a second; the throttle has its own tests.
+        "chat_rate_per_minute": 0,
     }
     values.update(overrides)
     return load_settings(**values)

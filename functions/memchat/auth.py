@@ -5,6 +5,10 @@ with the project's JWKS (`$SUPABASE_URL/auth/v1/.well-known/jwks.json`),
 cached across invocations and refetched when a token names an unknown `kid`.
 The accepted algorithm comes from our configuration or the key's type,
 never from the token's own header.
+
+A token that fails is a 401 whose detail says what to do about it (never
+PyJWT's own message); a key set that cannot be fetched is a 503
+(`auth_unavailable`), not a 401, which would sign the user out.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import jwt
 
-from memchat.errors import Unauthorized
+from memchat.errors import AuthUnavailable, Unauthorized
 from memchat.store import Caller
 
 if TYPE_CHECKING:
@@ -22,6 +26,61 @@ if TYPE_CHECKING:
 
 _REQUIRED_CLAIMS = ["exp", "sub", "aud", "role"]
 _LEEWAY_SECONDS = 10
+
+_NOT_THIS_PROJECT = "The access token was not signed by this project; sign in again."
+_NOT_A_USER = "The access token's subject is not a user id; send a signed-in user's token."
+_WRONG_ALGORITHM = "The access token's signing algorithm is not accepted here; sign in again."
+# Why a token is refused, in words a person can act on, most specific first.
+_REFUSALS: tuple[tuple[type[Exception], str], ...] = (
+    (jwt.ExpiredSignatureError, "The access token has expired; sign in again."),
+    (
+        jwt.ImmatureSignatureError,
+        "The access token is not valid yet; check the device's clock and sign in again.",
+    ),
+    (jwt.InvalidSignatureError, _NOT_THIS_PROJECT),
+    (jwt.PyJWKClientError, _NOT_THIS_PROJECT),  # no key with the token's kid
+    (jwt.InvalidAlgorithmError, _WRONG_ALGORITHM),
+    (
+        jwt.InvalidAudienceError,
+        "The access token is not meant for this API (its audience must be 'authenticated');"
+        " send the signed-in user's access token.",
+    ),
+    (
+        jwt.InvalidIssuerError,
+        "The access token was issued by another Supabase project; sign in to this one.",
+    ),
+    (jwt.exceptions.InvalidSubjectError, _NOT_A_USER),
+    (
+        jwt.DecodeError,
+        "The access token is malformed; send it exactly as Supabase issued it.",
+    ),
+)
+_INVALID = "The access token is not valid; sign in again."
+
+
+class _KeySetUnavailable(Exception):
+    """The project's key set could not be fetched, or what came is not a key set."""
+
+
+class _ProjectKeys(jwt.PyJWKClient):
+    """A PyJWKClient that tells a key set it could not get (an outage: 503)
+    apart from a set without the token's key (the token's fault: 401); PyJWT
+    raises PyJWKClientError for both."""
+
+    def get_signing_keys(self, refresh: bool = False) -> list[jwt.PyJWK]:
+        try:
+            return super().get_signing_keys(refresh)
+        except (jwt.PyJWKClientError, jwt.PyJWKSetError, ValueError, OSError) as exc:
+            # ValueError: a body that is not JSON; OSError: a connection
+            # dropped while the body was read (PyJWT does not wrap either).
+            raise _KeySetUnavailable from exc
+
+
+def _refusal(exc: jwt.PyJWTError) -> str:
+    if isinstance(exc, jwt.MissingRequiredClaimError):
+        # exc.claim is one of our required names, not text from the token.
+        return f"The access token has no '{exc.claim}' claim; send a Supabase access token."
+    return next((detail for kind, detail in _REFUSALS if isinstance(exc, kind)), _INVALID)
 
 
 class TokenVerifier:
@@ -40,26 +99,29 @@ class TokenVerifier:
         *,
         jwks_lifespan: float = 600.0,
         jwks_refetch_cooldown: float = 30.0,
+        jwks_timeout: float = 5.0,
     ) -> None:
         self._secret = settings.supabase_jwt_secret
         self._issuer = settings.jwt_issuer
         self._jwks_url = settings.jwks_url
+        self._allow_anonymous = settings.allow_anonymous_users
         self._jwks_lifespan = jwks_lifespan
         self._jwks_refetch_cooldown = jwks_refetch_cooldown
-        self._jwks: jwt.PyJWKClient | None = None
+        self._jwks_timeout = jwks_timeout
+        self._jwks: _ProjectKeys | None = None
 
-    def _jwks_client(self) -> jwt.PyJWKClient:
+    def _jwks_client(self) -> _ProjectKeys:
         if self._jwks is None:
             assert self._jwks_url is not None
             # Only the whole set is cached: a per-kid cache (cache_keys) would
             # keep trusting a revoked key for the life of a warm instance.
-            self._jwks = jwt.PyJWKClient(
+            self._jwks = _ProjectKeys(
                 self._jwks_url,
                 cache_keys=False,
                 cache_jwk_set=True,
                 lifespan=self._jwks_lifespan,
                 cooldown_duration=self._jwks_refetch_cooldown,
-                timeout=5,
+                timeout=self._jwks_timeout,
             )
         return self._jwks
 
@@ -68,18 +130,19 @@ class TokenVerifier:
         if header.get("alg") == "HS256" and self._secret:
             return self._secret, ["HS256"]
         if self._jwks_url is None:
-            raise Unauthorized("This token's signing algorithm is not accepted here.")
+            raise Unauthorized(_WRONG_ALGORITHM)
         try:
             signing_key = self._jwks_client().get_signing_key_from_jwt(token)
-        except jwt.PyJWKClientConnectionError as exc:
-            raise Unauthorized("The signing keys could not be fetched; retry shortly.") from exc
+        except _KeySetUnavailable as exc:
+            raise AuthUnavailable() from exc
         algorithm = {"EC": "ES256", "RSA": "RS256"}.get(signing_key.key_type or "")
         if algorithm is None:
-            raise Unauthorized("This token's signing key is not an ES256 or RS256 key.")
+            raise Unauthorized(_WRONG_ALGORITHM)  # only ES256 and RS256 keys
         return signing_key.key, [algorithm]
 
     def verify(self, token: str) -> Caller:
-        """The caller behind a Supabase access token; raises Unauthorized."""
+        """The caller behind a Supabase access token; raises Unauthorized, or
+        AuthUnavailable when the project's signing keys cannot be fetched."""
         try:
             key, algorithms = self._key_and_algorithms(token)
             claims: dict[str, Any] = jwt.decode(
@@ -91,16 +154,19 @@ class TokenVerifier:
                 leeway=_LEEWAY_SECONDS,
                 options={"require": _REQUIRED_CLAIMS + (["iss"] if self._issuer else [])},
             )
-        except jwt.ExpiredSignatureError as exc:
-            raise Unauthorized("The access token has expired; sign in again.") from exc
-        except jwt.PyJWKClientError as exc:
-            raise Unauthorized("The token was not signed by a key of this project.") from exc
-        except jwt.InvalidTokenError as exc:
-            raise Unauthorized(f"Invalid access token: {exc}.") from exc
+        except jwt.PyJWTError as exc:
+            raise Unauthorized(_refusal(exc)) from exc
         if claims.get("role") != "authenticated":
-            raise Unauthorized("The token's role must be 'authenticated'.")
+            raise Unauthorized(
+                "The access token's role must be 'authenticated': send a signed-in user's"
+                " token, not the project's anon or service key."
+            )
+        if claims.get("is_anonymous", False) is not False and not self._allow_anonymous:
+            raise Unauthorized(
+                "Anonymous (guest) sign-ins cannot use this service; sign in with an account."
+            )
         try:
             user_id = uuid.UUID(str(claims["sub"]))
         except ValueError as exc:
-            raise Unauthorized("The token's subject is not a user id.") from exc
+            raise Unauthorized(_NOT_A_USER) from exc
         return Caller(user_id=user_id, claims=claims)

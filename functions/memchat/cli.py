@@ -27,6 +27,8 @@ def _err(message: str) -> None:
 
 
 def _database_url() -> str:
+    """The owner's connection (migrations, local users): DATABASE_URL, else
+    the embedded server's (started on demand)."""
     url = os.environ.get("DATABASE_URL")
     if url:
         return url
@@ -34,6 +36,37 @@ def _database_url() -> str:
 
     url = devdb.start()
     os.environ["DATABASE_URL"] = url
+    return url
+
+
+def _role_url(owner_url: str, role: str) -> str | None:
+    """`owner_url` logging in as `role`, if that role can log in there without
+    a password (the embedded server; a local server that trusts local logins)."""
+    import psycopg
+
+    from memchat import devdb
+    from memchat.db import connect_kwargs
+
+    url = devdb.role_conninfo(owner_url, role)
+    try:
+        psycopg.connect(url, **connect_kwargs()).close()
+    except psycopg.OperationalError:
+        return None
+    return url
+
+
+def _api_url(owner_url: str) -> str:
+    """What `memchat dev` serves the API with: the memchat_api role, as deployed."""
+    from memchat import devdb
+
+    url = _role_url(owner_url, devdb.API_ROLE)
+    if url is None:
+        _err(
+            f"note: cannot log in as {devdb.API_ROLE} (no password set?), so the API connects"
+            " with DATABASE_URL's role; users are still kept apart by the per-request role"
+            " switch and RLS. See docs/deploy.md, 'Database roles'."
+        )
+        return owner_url
     return url
 
 
@@ -64,7 +97,7 @@ def cmd_dev(args: argparse.Namespace) -> int:
     _err(f"database: {'embedded PostgreSQL under .memchat/' if embedded else 'DATABASE_URL'}")
     _migrate(url)
     os.environ.setdefault("SUPABASE_JWT_SECRET", _jwt_secret())
-    overrides: dict[str, Any] = {"db_max_connections": 10}
+    overrides: dict[str, Any] = {"db_max_connections": 10, "database_url": _api_url(url)}
     if not os.environ.get("OPENAI_API_KEY"):
         overrides["offline_model"] = True
         banner = "!" * 72
@@ -128,6 +161,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ token
 
 
+def default_email(user_id: uuid.UUID | None) -> str:
+    """The dev user's email, or one of the given user's own (never another's)."""
+    return f"{user_id}@example.test" if user_id else DEFAULT_EMAIL
+
+
 def ensure_user(url: str, user_id: uuid.UUID | None, email: str) -> uuid.UUID:
     """The local user with this id or email, created if missing (never on Supabase)."""
     import psycopg
@@ -142,20 +180,26 @@ def ensure_user(url: str, user_id: uuid.UUID | None, email: str) -> uuid.UUID:
             return user_id
         if user_id is None:
             row = conn.execute("select id from auth.users where email = %s", (email,)).fetchone()
-            user_id = row[0] if row else uuid.uuid4()
-        conn.execute(
+            if row:
+                return uuid.UUID(str(row[0]))
+            user_id = uuid.uuid4()
+        elif conn.execute("select 1 from auth.users where id = %s", (user_id,)).fetchone():
+            return user_id
+        created = conn.execute(
             "insert into auth.users (id, aud, role, email) values"
-            " (%s, 'authenticated', 'authenticated', %s) on conflict do nothing",
+            " (%s, 'authenticated', 'authenticated', %s) on conflict do nothing returning id",
             (user_id, email),
-        )
-    assert user_id is not None
+        ).fetchone()
+        if created is None:
+            raise SystemExit(f"{email} is another local user's email: pass another --email")
     return user_id
 
 
-def mint_local_token(user_id: uuid.UUID | None, email: str, ttl_seconds: int) -> str:
+def mint_local_token(user_id: uuid.UUID | None, email: str | None, ttl_seconds: int) -> str:
     from memchat import devtokens
 
     url = _database_url()
+    email = email or default_email(user_id)
     resolved = ensure_user(url, user_id, email)
     issuer = os.environ.get("SUPABASE_URL")
     return devtokens.mint(
@@ -264,7 +308,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         _err(str(exc))
         return 2
     result = run_cleanup(
-        _database_url(),
+        _cleanup_url(),
         batch_size=args.batch_size or batch_size,
         pause_factor=pause_factor if args.pause_factor is None else args.pause_factor,
         max_seconds=args.max_seconds,
@@ -272,6 +316,14 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     )
     print(json.dumps(result.as_dict(), indent=2))
     return 0
+
+
+def _cleanup_url() -> str:
+    """The cleanup's own role, as deployed, where it can log in; else DATABASE_URL's."""
+    from memchat import devdb
+
+    url = _database_url()
+    return _role_url(url, devdb.CLEANUP_ROLE) or url
 
 
 # ------------------------------------------------------------------- main
@@ -291,7 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     tok = sub.add_parser("token", help="print a dev access token (creates the user locally)")
     tok.add_argument("--user-id", type=uuid.UUID, default=None)
-    tok.add_argument("--email", default=DEFAULT_EMAIL)
+    tok.add_argument(
+        "--email", default=None, help=f"default {DEFAULT_EMAIL}, or <user-id>@example.test"
+    )
     tok.add_argument("--ttl", type=int, default=3600, help="seconds (default 3600)")
     tok.set_defaults(func=cmd_token)
 

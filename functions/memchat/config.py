@@ -3,27 +3,113 @@
 A missing or placeholder value fails with a message that names the variable,
 so a misconfigured Lambda dies at init with a readable log line instead of
 answering 500s.
+
+One settings object, narrowed per function: ROUTE_GROUPS names the route
+groups a process serves (`chat`, `sessions`, `export`; all of them by default,
+as with `memchat dev` and in the tests). Only a process that serves chat needs
+OPENAI_API_KEY (a deployed sessions or export function is not given it), and
+`create_app` includes only the served groups' routes.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from functools import lru_cache
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 AGENT_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
-_PLACEHOLDERS = {"changeme", "change-me", "changethis", "secret", "your-secret", "xxx"}
+
+# The route groups a process may serve (ROUTE_GROUPS), one per HTTP function
+# in template.yaml: chat = POST /chat; sessions = clear-session, sessions,
+# memory and account; export = the two exports. GET /health is always served.
+RouteGroup = Literal["chat", "sessions", "export"]
+ROUTE_GROUPS: tuple[RouteGroup, ...] = get_args(RouteGroup)
+
+# Whole values that are never a real secret (compared lowercased, unquoted).
+_PLACEHOLDER_VALUES = frozenset(
+    {
+        "changeme", "change-me", "change_me", "changethis", "change-this", "change_this",
+        "changeit", "secret", "password", "key", "apikey", "api-key", "api_key", "token",
+        "your-secret", "your_secret", "yoursecret", "your-key", "your_key", "yourkey",
+        "your-api-key", "your_api_key", "yourapikey", "todo", "tbd", "fixme", "placeholder",
+        "example", "dummy", "fake", "none", "null", "nil", "undefined", "empty", "na", "n/a",
+        "unset", "not-set", "notset", "redacted",
+    }
+)  # fmt: skip
+# Words that give a template's "sk-your-key-here" or "<replace-me>" away.
+_PLACEHOLDER_WORDS = frozenset(
+    {"your", "yours", "changeme", "changethis", "placeholder", "redacted", "fixme", "todo"}
+)
+# Unexpanded references: ${VAR}, $VAR, {{ var }}, <your key>, %VAR%.
+_REFERENCE = re.compile(r"\$\{|^\$\w|\{\{|<[^>]*>|^%\w+%$")
+_KEY_PREFIX = re.compile(r"^sk-(?:proj-|ant-|svcacct-)?")
 
 
 class ConfigError(RuntimeError):
     """The environment does not describe a runnable service."""
 
 
+def is_placeholder(value: str, variable: str) -> bool:
+    """Whether a secret's value is a stand-in left in place of the real one.
+
+    The one rule for every secret (OPENAI_API_KEY, SUPABASE_JWT_SECRET):
+    `changeme`, `<your-key>`, `your-api-key`, `sk-...`, `xxx`, `sk-xxxx`,
+    `${OPENAI_API_KEY}`, the variable's own name, quotes around nothing, and
+    the like. Real keys and secrets are random strings and never match.
+    """
+    text = value.strip().strip("'\"`").strip()
+    lowered = text.lower()
+    if not re.search(r"[a-z0-9]", lowered):  # "", '""', "-", "***", "..."
+        return True
+    if lowered in _PLACEHOLDER_VALUES or lowered == variable.lower():
+        return True
+    if "..." in text or "\u2026" in text or _REFERENCE.search(text):
+        return True
+    # Filler: one character repeated, after a key prefix ("xxx", "sk-xxxx-xxxx", "0000").
+    if len(set(re.sub(r"[-_\s]", "", _KEY_PREFIX.sub("", lowered)))) <= 1:
+        return True
+    return bool(_PLACEHOLDER_WORDS & set(re.split(r"[^a-z0-9]+", lowered)))
+
+
+def parse_route_groups(value: object) -> frozenset[RouteGroup]:
+    """ROUTE_GROUPS as a set: a comma-separated string or an iterable; None is all."""
+    if value is None:
+        return frozenset(ROUTE_GROUPS)
+    if isinstance(value, str):
+        names = [name.strip().lower() for name in value.split(",") if name.strip()]
+    elif isinstance(value, Iterable):
+        names = [str(name).strip().lower() for name in value]
+    else:
+        raise ValueError("must be a comma-separated list of chat, sessions, export")
+    unknown = sorted(set(names) - set(ROUTE_GROUPS))
+    if unknown:
+        raise ValueError(
+            f"unknown route group {', '.join(map(repr, unknown))}: use chat, sessions, export"
+        )
+    if not names:
+        raise ValueError("name at least one of chat, sessions, export")
+    return frozenset(name for name in ROUTE_GROUPS if name in names)
+
+
+def secret_settings(route_groups: Iterable[str]) -> tuple[str, ...]:
+    """The secret settings a process serving these route groups reads.
+
+    Every HTTP function connects to the database and checks tokens; only chat
+    calls the model, so only a process serving chat reads OPENAI_API_KEY.
+    """
+    names = ("database_url", "supabase_jwt_secret")
+    return (*names, "openai_api_key") if "chat" in set(route_groups) else names
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_file=None, extra="ignore", case_sensitive=False)
+
+    # What this process serves (template.yaml gives each function its own).
+    route_groups: Annotated[frozenset[RouteGroup], NoDecode] = frozenset(ROUTE_GROUPS)
 
     database_url: str = Field(min_length=1)
     supabase_url: str | None = None
@@ -49,6 +135,15 @@ class Settings(BaseSettings):
     ltm_max_chars: int = Field(default=8000, ge=100)
     max_tool_rounds: int = Field(default=4, ge=1, le=16)
 
+    # Per-user chat throttle, a token bucket kept in Postgres (checked in the
+    # same round trip that loads a turn's context): CHAT_RATE_PER_MINUTE turns
+    # a minute on average, up to CHAT_RATE_BURST at once. 0 disables it.
+    chat_rate_per_minute: float = Field(default=20, ge=0, le=100_000)
+    chat_rate_burst: int = Field(default=10, ge=1, le=100_000)
+    # Supabase anonymous sign-ins (is_anonymous: true) carry role=authenticated
+    # too; they are refused (401) unless this is set.
+    allow_anonymous_users: bool = False
+
     cors_allow_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     # Connections held by one process: 1 in Lambda (one request at a time).
@@ -69,6 +164,11 @@ class Settings(BaseSettings):
             return [origin.strip() for origin in value.split(",") if origin.strip()]
         return value
 
+    @field_validator("route_groups", mode="before")
+    @classmethod
+    def _parse_route_groups(cls, value: object) -> object:
+        return parse_route_groups(value)
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _upper(cls, value: object) -> object:
@@ -86,11 +186,27 @@ class Settings(BaseSettings):
                 "set SUPABASE_JWT_SECRET (HS256 projects) or SUPABASE_URL (JWKS signing keys)"
             )
         secret = self.supabase_jwt_secret
-        if secret is not None and (secret.lower() in _PLACEHOLDERS or len(secret) < 32):
+        if secret is not None and (
+            is_placeholder(secret, "SUPABASE_JWT_SECRET") or len(secret) < 32
+        ):
             raise ValueError("SUPABASE_JWT_SECRET must be the project's JWT secret (>= 32 chars)")
-        if not self.openai_api_key and not self.offline_model:
+        if not self.serves("chat"):
+            # Narrowed: a process without the chat routes never holds the model key.
+            self.openai_api_key = None
+            return self
+        key = self.openai_api_key
+        if key is None and not self.offline_model:
             raise ValueError("set OPENAI_API_KEY (or run `memchat dev` for the offline responder)")
+        if key is not None and is_placeholder(key, "OPENAI_API_KEY"):
+            raise ValueError(
+                "OPENAI_API_KEY looks like a placeholder, not an API key: set the real key"
+                " (a server that ignores keys still needs a real-looking value, e.g. 'local')"
+            )
         return self
+
+    def serves(self, group: RouteGroup) -> bool:
+        """Whether this process serves the route group (ROUTE_GROUPS)."""
+        return group in self.route_groups
 
     @property
     def jwt_issuer(self) -> str | None:

@@ -1,8 +1,11 @@
 """Connections and the per-request transaction.
 
-Every user request runs in one transaction as `authenticated` with the
-caller's verified claims (exactly what PostgREST does), so row-level
-security is what keeps users apart. Work is sent in pipeline mode with a
+The API logs in as `memchat_api`, a role with no rights of its own. Every
+user request runs in one transaction that first switches to `memchat_user`
+(the role with the API's grants and the RLS policies) with the caller's
+verified claims, as PostgREST does for `authenticated`; so row-level
+security keeps users apart, and a statement sent without the switch is
+refused rather than run with wider rights. Work is sent in pipeline mode with a
 single Sync: BEGIN-less implicit transaction, the claims, the queries, all in
 one network round trip, atomic (an error anywhere rolls back everything).
 
@@ -28,13 +31,33 @@ from memchat.errors import DatabaseUnavailable, Unauthorized
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
 
-# `set local role` + `set local request.jwt.claims` (+ UTC timestamps in
-# JSON built by the database), in one statement.
+# The role every user request runs as (migration *_least_privilege.sql).
+REQUEST_ROLE = "memchat_user"
+
+# `set local role` + the claims (+ UTC timestamps in JSON built by the
+# database), in one statement. Supabase's auth.uid() and auth.role() read the
+# legacy per-claim settings first: they are set per transaction too, so a
+# value left on a pooled server connection can never stand in for the caller.
 SET_CLAIMS = (
-    "select set_config('role', 'authenticated', true), "
-    "set_config('request.jwt.claims', %s, true), "
+    "select set_config('role', %(role)s, true), "
+    "set_config('request.jwt.claims', %(claims)s, true), "
+    "set_config('request.jwt.claim.sub', %(sub)s, true), "
+    "set_config('request.jwt.claim.role', %(claim_role)s, true), "
+    "set_config('request.jwt.claim', '', true), "
     "set_config('timezone', 'UTC', true)"
 )
+
+
+def claims_params(claims: Mapping[str, Any]) -> dict[str, str]:
+    """The parameters of SET_CLAIMS for a caller's verified claims."""
+    return {
+        "role": REQUEST_ROLE,
+        "claims": json.dumps(claims),
+        "sub": str(claims.get("sub", "")),
+        "claim_role": str(claims.get("role", "")),
+    }
+
+
 USER_EXISTS = "select memchat.current_user_exists()"
 
 # A connection idle longer than this is pinged before use: Lambda freezes
@@ -127,7 +150,7 @@ class Database:
 
         Statements executed in the block are queued; results are read after
         the block, when the single Sync has returned them all. With claims,
-        the work runs as `authenticated` for that user (and raises
+        the work runs as `memchat_user` for that user (and raises
         Unauthorized if the user no longer exists; every table references
         auth.users, so such a request cannot have written anything); with
         None, as the connecting role (cleanup, migrations, tests).
@@ -142,7 +165,7 @@ class Database:
             async with conn.pipeline():
                 check = None
                 if claims is not None:
-                    await conn.execute(SET_CLAIMS, (json.dumps(claims),))
+                    await conn.execute(SET_CLAIMS, claims_params(claims))
                     check = conn.cursor()
                     await check.execute(USER_EXISTS)
                 yield conn
@@ -162,7 +185,7 @@ class Database:
             if snapshot:
                 await conn.execute("set transaction isolation level repeatable read, read only")
             if claims is not None:
-                await conn.execute(SET_CLAIMS, (json.dumps(claims),))
+                await conn.execute(SET_CLAIMS, claims_params(claims))
                 cur = await conn.execute(USER_EXISTS)
                 _require_user(await cur.fetchone())
             yield conn

@@ -34,6 +34,27 @@ def start(data_dir: Path | None = None) -> str:
     return uri
 
 
+# The login roles of the migrations (*_least_privilege.sql): the API's and the cleanup's.
+API_ROLE = "memchat_api"
+CLEANUP_ROLE = "memchat_cleanup"
+
+
+def role_conninfo(owner_conninfo: str, role: str, password: str | None = None) -> str:
+    """The owner's connection string, logging in as `role` instead.
+
+    The embedded server trusts local logins, so no password is needed there;
+    on a server that asks for one, pass the password set for the role.
+    """
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(owner_conninfo)
+    params["user"] = role
+    params.pop("password", None)
+    if password is not None:
+        params["password"] = password
+    return make_conninfo("", **params)
+
+
 def quiet_runtime_dir() -> None:
     """pgserver asks platformdirs for a runtime dir it never uses; give it a
     private one so it does not warn when XDG_RUNTIME_DIR is unset."""

@@ -6,6 +6,8 @@ and code. The detail is a sentence a person can act on.
 
 from __future__ import annotations
 
+import math
+
 
 class MemchatError(Exception):
     status = 500
@@ -17,6 +19,11 @@ class MemchatError(Exception):
         if detail:
             self.detail = detail
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """Extra response headers (Retry-After, WWW-Authenticate)."""
+        return {}
+
 
 class BadRequest(MemchatError):
     status, code = 400, "bad_request"
@@ -26,6 +33,10 @@ class BadRequest(MemchatError):
 class Unauthorized(MemchatError):
     status, code = 401, "unauthorized"
     detail = "Send a valid Supabase access token as 'Authorization: Bearer <token>'."
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
 
 
 class NotFound(MemchatError):
@@ -43,9 +54,37 @@ class Conflict(MemchatError):
     detail = "The resource changed meanwhile; read it again and retry."
 
 
+class IdempotencyConflict(Conflict):
+    code = "idempotency_conflict"
+    detail = (
+        "This client_message_id was already used with a different message;"
+        " use a new id for a new message."
+    )
+
+
 class PayloadTooLarge(MemchatError):
     status, code = 413, "payload_too_large"
     detail = "The request is too large."
+
+
+class InvalidInput(MemchatError):
+    """A value the database refused (a limit or a format rule)."""
+
+    status, code = 422, "validation_error"
+    detail = "A value in the request is not allowed."
+
+
+class RateLimited(MemchatError):
+    status, code = 429, "rate_limited"
+    detail = "Too many chat messages; please wait a moment."
+
+    def __init__(self, retry_after: float, detail: str | None = None) -> None:
+        self.retry_after = max(1, math.ceil(retry_after))
+        super().__init__(detail or f"Too many chat messages; retry in {self.retry_after} s.")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after)}
 
 
 class UpstreamError(MemchatError):
@@ -56,6 +95,18 @@ class UpstreamError(MemchatError):
 class DatabaseUnavailable(MemchatError):
     status, code = 503, "database_unavailable"
     detail = "The database is unreachable right now; please retry shortly."
+
+
+class AuthUnavailable(MemchatError):
+    """The signing keys could not be fetched: not the user's fault, so not a 401
+    (a 401 makes web apps sign the user out during an auth outage)."""
+
+    status, code = 503, "auth_unavailable"
+    detail = "The sign-in keys could not be fetched right now; please retry shortly."
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "5"}
 
 
 class UpstreamTimeout(MemchatError):

@@ -12,6 +12,12 @@ A secret's value is either the plain string, or a JSON object with the
 variable's name as a key (what the Secrets Manager console's key/value
 editor writes), e.g. `{"DATABASE_URL": "postgresql://..."}`.
 
+Each function reads only the secrets it uses: `load_settings` fetches those
+its ROUTE_GROUPS need (`config.secret_settings`: no OPENAI_API_KEY unless it
+serves chat), and template.yaml grants each function's role exactly those.
+The cleanup function reads its own DATABASE_URL (the memchat_cleanup role's)
+and nothing else.
+
 Example:
     from memchat import secrets
 
@@ -26,7 +32,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from memchat.config import ConfigError
+from memchat.config import ConfigError, parse_route_groups, secret_settings
 from memchat.config import load_settings as _load_settings
 
 if TYPE_CHECKING:
@@ -119,8 +125,17 @@ def resolve(
 
 
 def load_settings(**overrides: object) -> Settings:
-    """Settings from the environment, with secret-store values filled in."""
-    return _load_settings(**{**resolve(), **overrides})
+    """Settings from the environment, with secret-store values filled in.
+
+    Only the secrets this process's route groups need are fetched (the model
+    key only where chat is served), whatever else the environment points at.
+    """
+    groups = overrides.get("route_groups", os.environ.get("ROUTE_GROUPS"))
+    try:
+        names = secret_settings(parse_route_groups(groups))
+    except ValueError as exc:
+        raise ConfigError(f"invalid configuration: ROUTE_GROUPS: {exc}") from None
+    return _load_settings(**{**resolve(names), **overrides})
 
 
 def database_url(environ: Mapping[str, str] | None = None) -> str:

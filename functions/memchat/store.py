@@ -1,7 +1,7 @@
 """The store: every SQL statement memchat runs, in one place.
 
 User-facing operations take the caller's verified claims and run as
-`authenticated` in one transaction (see `memchat.db`), so row-level security
+`memchat_user` in one transaction (see `memchat.db`), so row-level security
 decides what each statement sees. Chat turns cost two round trips: one to
 load the context, one to record the turn.
 """
@@ -21,9 +21,20 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from memchat.db import Database
-from memchat.errors import Conflict, SessionNotFound, Unauthorized
+from memchat.errors import (
+    Conflict,
+    IdempotencyConflict,
+    InvalidInput,
+    PayloadTooLarge,
+    RateLimited,
+    SessionNotFound,
+    Unauthorized,
+)
 
+# Raised by the migrations' SQL functions and triggers.
 NOTES_CONFLICT_SQLSTATE = "MC409"
+TOO_LARGE_SQLSTATE = "MC413"
+NOT_ALLOWED_SQLSTATE = "MC422"
 
 # ---------------------------------------------------------------- records
 
@@ -89,6 +100,23 @@ class Replay:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """The database's limits (memchat.limits), read with every turn's context."""
+
+    max_message_chars: int
+    max_notes_chars: int
+    max_session_ttl: timedelta
+
+
+@dataclass(frozen=True)
+class Throttle:
+    """The per-user chat throttle: a token bucket kept in the database."""
+
+    per_minute: float  # 0: off
+    burst: int
+
+
+@dataclass(frozen=True)
 class Context:
     """What a turn starts from, read in one round trip."""
 
@@ -97,6 +125,8 @@ class Context:
     notes: Notes | None
     messages: list[dict[str, Any]]  # oldest first
     replay: Replay | None
+    claimed: bool = False  # the client_message_id is ours until the turn is recorded
+    limits: Limits | None = None  # None for a replay
 
 
 @dataclass
@@ -111,6 +141,9 @@ class Turn:
     client_message_id: str | None = None
     notes: str | None = None  # new notes, when the model changed them
     notes_version: int = 0  # the version the notes were read at
+    # The caller named no session and had none active: if a concurrent first
+    # turn made one active meanwhile, this turn joins it.
+    new_session: bool = False
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -123,12 +156,30 @@ class DuplicateClientMessage(Conflict):
     """A concurrent request with the same client_message_id won the race."""
 
 
+class TurnInFlight(Conflict):
+    """The same client_message_id is being answered by another request."""
+
+    code = "idempotency_in_flight"
+    detail = (
+        "A request with this client_message_id is still being answered;"
+        " retry shortly to get its answer."
+    )
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"}
+
+
 def _translate(exc: psycopg.Error) -> Exception:
     if exc.sqlstate == NOTES_CONFLICT_SQLSTATE:
         return NotesConflict()
+    if exc.sqlstate == TOO_LARGE_SQLSTATE:
+        return PayloadTooLarge("A value is larger than the database allows; shorten it.")
+    if exc.sqlstate == NOT_ALLOWED_SQLSTATE or isinstance(exc, pg_errors.CheckViolation):
+        return InvalidInput()
     if isinstance(exc, pg_errors.ForeignKeyViolation):
         return Unauthorized("This account no longer exists.")
-    if isinstance(exc, pg_errors.InsufficientPrivilege | pg_errors.CheckViolation):
+    if isinstance(exc, pg_errors.InsufficientPrivilege):
         # RLS refused a write: the row belongs to someone else.
         return SessionNotFound()
     return exc
@@ -138,7 +189,8 @@ def _translate(exc: psycopg.Error) -> Exception:
 
 # Both halves of a turn are SQL functions (migration *_turn_functions.sql):
 # PL/pgSQL caches their plans per server connection, pooler-safe.
-LOAD_CONTEXT = "select memchat.load_context(%s, %s, %s, %s, %s)"
+LOAD_CONTEXT = "select memchat.load_context(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+NO_THROTTLE = Throttle(0, 1)
 
 
 async def load_context(
@@ -150,34 +202,80 @@ async def load_context(
     window: int,
     read_notes: bool = True,
     client_message_id: str | None = None,
+    message: str | None = None,
+    throttle: Throttle = NO_THROTTLE,
+    claim_seconds: float = 60.0,
 ) -> Context:
     """Resolve the session and read notes + the last `window` messages.
 
-    Raises SessionNotFound when `session_id` is another user's.
+    With `throttle` on, the turn takes a token from the caller's bucket.
+    With `client_message_id`, a stored turn with that key is returned as
+    `replay`; otherwise the key is claimed for `claim_seconds` (until
+    `record_turn` or `release_claim`).
+
+    Raises SessionNotFound when `session_id` is another user's,
+    IdempotencyConflict when the key was used with another `message`,
+    TurnInFlight while another request answers the same key, RateLimited
+    when the caller is out of tokens.
     """
-    async with db.pipeline(caller.claims) as conn:
-        cur = conn.cursor()
-        await cur.execute(
-            LOAD_CONTEXT, (session_id, agent_name, window, read_notes, client_message_id)
-        )
+    args = (
+        session_id,
+        agent_name,
+        window,
+        read_notes,
+        client_message_id,
+        message,
+        throttle.per_minute,
+        throttle.burst,
+        claim_seconds,
+    )
+    try:
+        async with db.pipeline(caller.claims) as conn:
+            cur = conn.cursor()
+            await cur.execute(LOAD_CONTEXT, args)
+    except psycopg.Error as exc:
+        # A deleted user's throttle row fails its foreign key: 401.
+        raise _translate(exc) from exc
     row = await cur.fetchone()
     assert row is not None
     result = row[0]
-    if result["taken"]:
+    if result.get("taken"):
         raise SessionNotFound()
+    if "idempotency" in result:
+        raise TurnInFlight() if result["idempotency"] == "in_flight" else IdempotencyConflict()
+    if "throttled" in result:
+        raise RateLimited(float(result["throttled"]))
     session = result["session"]
-    notes = result["notes"]
-    messages = result["messages"]
-    replay = result["replay"]
     info = SessionInfo.from_json(session) if session else None
+    replay = result["replay"]
+    if replay:
+        return Context(info, False, None, [], Replay(replay))
     resolved_agent = info.agent_name if info else agent_name
+    limits = result["limits"]
     return Context(
         session=info,
         expired=bool(session and session["expired"]),
-        notes=_notes_from_json(resolved_agent, notes) if read_notes else None,
-        messages=messages,
-        replay=Replay(replay) if replay else None,
+        notes=_notes_from_json(resolved_agent, result["notes"]) if read_notes else None,
+        messages=result["messages"],
+        replay=None,
+        claimed=result["claimed"],
+        limits=Limits(
+            max_message_chars=limits["max_message_chars"],
+            max_notes_chars=limits["max_notes_chars"],
+            max_session_ttl=timedelta(seconds=float(limits["max_session_ttl_seconds"])),
+        ),
     )
+
+
+_RELEASE_CLAIM = (
+    "delete from memchat.turn_claims where user_id = (select auth.uid()) and client_message_id = %s"
+)
+
+
+async def release_claim(db: Database, caller: Caller, client_message_id: str) -> None:
+    """Give up a turn's claim on its client_message_id (the turn failed)."""
+    async with db.pipeline(caller.claims) as conn:
+        await conn.execute(_RELEASE_CLAIM, (client_message_id,))
 
 
 def _notes_from_json(agent_name: str, row: Mapping[str, Any] | None) -> Notes:
@@ -188,7 +286,7 @@ def _notes_from_json(agent_name: str, row: Mapping[str, Any] | None) -> Notes:
     )
 
 
-RECORD_TURN = "select memchat.record_turn(%s, %s, %s, %s, %s, %s, %s, %s)"
+RECORD_TURN = "select memchat.record_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
 _POINT_ACTIVE = """
 insert into public.user_agent_active_sessions as a
@@ -206,9 +304,12 @@ _SAVE_NOTES = "select memchat.save_notes(%s, %s, %s)"
 async def record_turn(db: Database, caller: Caller, turn: Turn) -> SessionInfo:
     """Store a whole turn atomically; sessions are locked so turns never interleave.
 
+    Returns the session the turn went into: `turn.session_id`, or with
+    `turn.new_session` the session a concurrent first turn made active.
     Raises NotesConflict when the notes changed since they were read (nothing
     is stored; re-read and retry), DuplicateClientMessage when a concurrent
-    request with the same client_message_id was stored first.
+    request with the same client_message_id was stored first, PayloadTooLarge
+    or InvalidInput when a database limit refuses it.
     """
     args = (
         turn.session_id,
@@ -219,6 +320,7 @@ async def record_turn(db: Database, caller: Caller, turn: Turn) -> SessionInfo:
         turn.client_message_id,
         turn.notes,
         turn.notes_version,
+        turn.new_session,
     )
     try:
         async with db.pipeline(caller.claims) as conn:
@@ -312,7 +414,7 @@ _CLEAR_MARK = sql.SQL(
 ).format(target=_TARGET)
 _CLEAR_NEW_SESSION = sql.SQL(
     "insert into public.chat_sessions as s (id, user_id, agent_name, expires_at)"
-    " select %(new_id)s, %(user_id)s, t.agent_name, now() + %(ttl)s"
+    " select %(new_id)s, %(user_id)s, t.agent_name, memchat.session_expiry(%(ttl)s)"
     " from public.chat_sessions t where t.id = {target}"
     " returning {session}"
 ).format(target=_TARGET, session=sql.SQL(_SESSION_JSON))
@@ -538,6 +640,13 @@ async def delete_user_data(db: Database, caller: Caller) -> dict[str, int]:
                     " returning 1) select count(*) from d"
                 ).format(sql.Identifier(table))
             )
+        # Not content, but keyed by the user: the throttle and any turn claims.
+        for table in ("chat_rate", "turn_claims"):
+            await conn.execute(
+                sql.SQL("delete from memchat.{} where user_id = (select auth.uid())").format(
+                    sql.Identifier(table)
+                )
+            )
     counts = {}
     for key, cur in cursors.items():
         row = await cur.fetchone()
@@ -557,8 +666,9 @@ def dumps(value: Any) -> str:
 
 
 # -------------------------------------------------------------- cleanup
-# Runs as the connecting (table-owner) role: the one place besides
-# migrations that bypasses RLS. Synchronous: a scheduled batch job.
+# Runs as the cleanup's own login role, `memchat_cleanup`, whose policies
+# show it expired sessions only, and of messages their ids (no content).
+# Synchronous: a scheduled batch job.
 
 # Locks a batch of expired sessions, skipping any a live turn holds; the
 # lock re-reads expires_at, so a session a turn has just extended drops out.
@@ -603,6 +713,15 @@ def expire_sessions_batch(conn: psycopg.Connection[Any], batch: int) -> tuple[in
         row = conn.execute(_EXPIRE_BATCH, {"batch": batch}).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
+
+
+_PURGE_CLAIMS = "delete from memchat.turn_claims where expires_at <= now()"
+
+
+def purge_expired_claims(conn: psycopg.Connection[Any]) -> int:
+    """Delete turn claims left by turns that never finished (a crashed instance)."""
+    with conn.transaction():
+        return conn.execute(_PURGE_CLAIMS).rowcount
 
 
 def count_expired(conn: psycopg.Connection[Any]) -> tuple[int, int]:

@@ -1,6 +1,7 @@
 """Access tokens on POST /chat: HS256 with the project secret, ES256/RS256
-through the project's JWKS (served here by a local HTTP server), and every
-way a token must be refused (401 with the error JSON, model never called).
+through the project's JWKS (served here by a local HTTP server), every way a
+token must be refused (401 with the error JSON, a detail in our words, model
+never called), and signing keys that cannot be fetched (503, not 401).
 """
 
 from __future__ import annotations
@@ -178,11 +179,17 @@ async def test_a_token_for_a_user_that_never_existed_is_401(
 
 
 class JwksServer:
-    """Serves a JWKS at /auth/v1/.well-known/jwks.json on a free loopback port."""
+    """Serves a JWKS at /auth/v1/.well-known/jwks.json on a free loopback port.
+
+    `status`, `body` (instead of the key set) and `delay` (before answering)
+    make it fail as an auth server in trouble would."""
 
     def __init__(self) -> None:
         self.keys: list[dict[str, Any]] = []
         self.hits = 0
+        self.status = 200
+        self.body: bytes | None = None
+        self.delay = 0.0
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -194,12 +201,18 @@ class JwksServer:
                     self.send_error(404)
                     return
                 server.hits += 1
-                data = json.dumps({"keys": list(server.keys)}).encode()
-                self.send_response(200)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                time.sleep(server.delay)
+                data = server.body
+                if data is None:
+                    data = json.dumps({"keys": list(server.keys)}).encode()
+                try:
+                    self.send_response(server.status)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up waiting (the timeout case)
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(
@@ -210,6 +223,9 @@ class JwksServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_port}"
+
+    def recover(self) -> None:
+        self.status, self.body, self.delay = 200, None, 0.0
 
     def close(self) -> None:
         self._server.shutdown()
@@ -432,7 +448,18 @@ async def test_hs256_is_refused_when_no_secret_is_configured(
         await refused(jwks_api, bearer(token), model)
 
 
-async def test_an_unreachable_jwks_is_401_not_500(
+async def keys_unavailable(client: ApiClient, token: str, model: FakeOpenAI) -> None:
+    """503 auth_unavailable with Retry-After: the client should retry, not sign out."""
+    calls = model.calls
+    r = await client.post("/chat", json={"message": "hi"}, headers=bearer(token))
+    body = assert_error(r, 503, "auth_unavailable")
+    assert "retry" in body["detail"]
+    assert int(r.headers["retry-after"]) > 0
+    assert "www-authenticate" not in r.headers
+    assert model.calls == calls
+
+
+async def test_an_unreachable_jwks_is_503_not_401(
     database_url: str, model: FakeOpenAI, es256: SigningKey, user_id: uuid.UUID
 ) -> None:
     server = JwksServer()
@@ -442,9 +469,58 @@ async def test_an_unreachable_jwks_is_401_not_500(
     )
     try:
         token = es256.sign(claims_for(user_id, iss=f"{server.url}/auth/v1"))
-        await refused(api, bearer(token), model)
+        await keys_unavailable(api, token, model)
     finally:
         await api.aclose()
+
+
+JWKS_FAILURES: dict[str, dict[str, Any]] = {
+    "timeout": {"delay": 1.0},
+    "500": {"status": 500},
+    "502": {"status": 502},
+    "503": {"status": 503, "body": b'{"message": "upstream unavailable"}'},
+    "html": {"body": b"<html><body>Down for maintenance</body></html>"},
+    "not-utf8": {"body": b"\xff\xfe\xfa"},
+    "json-array": {"body": b"[]"},
+    "json-string": {"body": b'"keys"'},
+    "no-keys-member": {"body": b'{"error": "down"}'},
+    "keys-not-a-list": {"body": b'{"keys": "none"}'},
+    "empty-key-set": {"body": b'{"keys": []}'},
+    "no-usable-key": {"body": b'{"keys": [{"kty": "nope", "kid": "x"}]}'},
+}
+
+
+@pytest.mark.parametrize("failure", JWKS_FAILURES.values(), ids=JWKS_FAILURES.keys())
+async def test_signing_keys_that_cannot_be_fetched_are_503_until_they_can(
+    jwks_apps: Callable[..., ApiClient],
+    model: FakeOpenAI,
+    jwks: JwksServer,
+    es256: SigningKey,
+    user_id: uuid.UUID,
+    failure: dict[str, Any],
+) -> None:
+    api = jwks_apps(jwks_timeout=0.3)
+    token = es256.sign(claims_for(user_id, iss=issuer(jwks)))
+    for name, value in failure.items():
+        setattr(jwks, name, value)
+    await keys_unavailable(api, token, model)
+    await keys_unavailable(api, token, model)  # a failure is not cached
+    jwks.recover()
+    await chat(api, bearer(token), "the keys are back")
+
+
+async def test_cached_keys_keep_working_while_the_jwks_is_down(
+    jwks_api: ApiClient,
+    model: FakeOpenAI,
+    jwks: JwksServer,
+    es256: SigningKey,
+    user_id: uuid.UUID,
+) -> None:
+    token = es256.sign(claims_for(user_id, iss=issuer(jwks)))
+    await chat(jwks_api, bearer(token), "fetches the keys")
+    jwks.status = 500
+    await chat(jwks_api, bearer(token), "from the cached keys")
+    assert jwks.hits == 1
 
 
 async def test_with_both_secret_and_jwks_each_token_uses_its_own_path(
@@ -463,5 +539,137 @@ async def test_with_both_secret_and_jwks_each_token_uses_its_own_path(
         assert jwks.hits == 1
         # With a project URL the issuer is checked on HS256 tokens too.
         await refused(api, bearer(api.token_for(user_id)), model)
+    finally:
+        await api.aclose()
+
+
+# ------------------------------------------------- what a refusal says
+
+
+def pyjwt_message(token: str, key: Any, algorithm: str = "HS256") -> str:
+    """What PyJWT itself says about a token it refuses (never to be shown)."""
+    try:
+        jwt.decode(
+            token,
+            key,
+            algorithms=[algorithm],
+            audience="authenticated",
+            options={"require": ["exp", "sub", "aud", "role"]},
+        )
+    except jwt.PyJWTError as exc:
+        return str(exc)
+    raise AssertionError("PyJWT accepted the token")
+
+
+def now_plus(seconds: int) -> int:
+    return int(time.time()) + seconds
+
+
+def tampered(token: str) -> str:
+    head, payload, signature = token.split(".")
+    return f"{head}.{payload}.{'A' if signature[0] != 'A' else 'B'}{signature[1:]}"
+
+
+@pytest.mark.parametrize(
+    ("make_token", "says"),
+    [
+        (lambda u: devtokens.mint(JWT_SECRET, u, ttl_seconds=-3600), "has expired"),
+        (lambda u: devtokens.mint(JWT_SECRET, u, nbf=now_plus(3600)), "not valid yet"),
+        (lambda u: devtokens.mint(JWT_SECRET, u, aud="somebody-else"), "audience"),
+        (lambda u: devtokens.mint("another-secret-" + "x" * 32, u), "not signed by this project"),
+        (lambda u: "garbage", "malformed"),
+        (lambda u: "a.b.c", "malformed"),
+        (lambda u: tampered(devtokens.mint(JWT_SECRET, u)), "not signed by this project"),
+        (
+            lambda u: jwt.encode(
+                {k: v for k, v in claims_for(u).items() if k != "exp"}, JWT_SECRET, "HS256"
+            ),
+            "no 'exp' claim",
+        ),
+    ],
+    ids=[
+        "expired",
+        "not-yet-valid",
+        "audience",
+        "other-secret",
+        "garbage",
+        "three-parts",
+        "tampered-signature",
+        "missing-exp",
+    ],
+)
+async def test_a_refusal_says_what_to_do_in_our_words_not_pyjwts(
+    api: ApiClient, model: FakeOpenAI, make_token: Callable[[uuid.UUID], str], says: str
+) -> None:
+    user_id, _ = api.new_user()
+    token = make_token(user_id)
+    detail = (await refused(api, bearer(token), model))["detail"]
+    assert says in detail
+    assert pyjwt_message(token, JWT_SECRET) not in detail
+    assert detail.endswith(".") and "Invalid access token" not in detail
+
+
+async def test_each_kind_of_refusal_is_one_fixed_sentence(
+    api: ApiClient, model: FakeOpenAI
+) -> None:
+    """The detail depends on how the token failed, not on what it contains."""
+    user_id, _ = api.new_user()
+    malformed = {
+        (await refused(api, bearer(token), model))["detail"]
+        for token in ("garbage", "a.b.c", "x.y", "ey.ey.ey", "a" * 500)
+    }
+    assert len(malformed) == 1
+    other_secrets = {
+        (await refused(api, bearer(devtokens.mint(secret * 4, user_id)), model))["detail"]
+        for secret in ("first-secret", "second-secret", "third-secret")
+    }
+    assert len(other_secrets) == 1
+
+
+async def test_jwks_refusals_say_what_to_do(
+    jwks_api: ApiClient,
+    model: FakeOpenAI,
+    jwks: JwksServer,
+    es256: SigningKey,
+    user_id: uuid.UUID,
+) -> None:
+    stranger = SigningKey("ES256")
+    unknown_kid = stranger.sign(claims_for(user_id, iss=issuer(jwks)))
+    detail = (await refused(jwks_api, bearer(unknown_kid), model))["detail"]
+    assert "not signed by this project" in detail and stranger.kid not in detail
+    other_project = es256.sign(claims_for(user_id, iss="https://other.example/auth/v1"))
+    detail = (await refused(jwks_api, bearer(other_project), model))["detail"]
+    assert "another Supabase project" in detail and "other.example" not in detail
+
+
+# ------------------------------------------------------- anonymous users
+
+
+async def test_anonymous_sign_ins_are_401_by_default(api: ApiClient, model: FakeOpenAI) -> None:
+    user_id, _ = api.new_user()
+    token = api.token_for(user_id, is_anonymous=True)
+    detail = (await refused(api, bearer(token), model))["detail"]
+    assert "Anonymous" in detail and "sign in with an account" in detail
+    # A signed-in user's token says is_anonymous: false (devtokens mints it so).
+    await chat(api, bearer(api.token_for(user_id, is_anonymous=False)), "a real account")
+
+
+@pytest.mark.parametrize("value", ["true", 1], ids=["string", "number"])
+async def test_an_is_anonymous_claim_that_is_not_false_counts_as_anonymous(
+    api: ApiClient, model: FakeOpenAI, value: object
+) -> None:
+    user_id, _ = api.new_user()
+    await refused(api, bearer(api.token_for(user_id, is_anonymous=value)), model)
+
+
+async def test_anonymous_sign_ins_are_served_when_allowed(
+    database_url: str, model: FakeOpenAI
+) -> None:
+    api = ApiClient(make_settings(database_url, model.url, allow_anonymous_users=True))
+    try:
+        user_id, _ = api.new_user()
+        await chat(api, bearer(api.token_for(user_id, is_anonymous=True)), "as a guest")
+        # Everything else is still checked.
+        await refused(api, bearer(api.token_for(user_id, is_anonymous=True, role="anon")), model)
     finally:
         await api.aclose()

@@ -26,7 +26,7 @@ class StepClock:
 
 
 def test_deletes_expired_sessions_with_messages_and_pointers_keeps_the_rest(
-    database_url, users, seed: Seeder
+    cleanup_url, users, seed: Seeder
 ):
     alice, bob = users.create(), users.create()
     expired = seed.session(alice.user_id, messages=4, agent_name="default", active=True)
@@ -35,7 +35,7 @@ def test_deletes_expired_sessions_with_messages_and_pointers_keeps_the_rest(
     bob_expired = seed.session(bob.user_id, expires_in=-timedelta(seconds=1), messages=2)
     bob_live = seed.session(bob.user_id, expires_in=timedelta(minutes=1), messages=1)
 
-    result = run_cleanup(database_url, batch_size=1000)
+    result = run_cleanup(cleanup_url, batch_size=1000)
 
     assert result.finished and result.batches >= 1
     assert result.deleted_sessions >= 2 and result.deleted_messages >= 6
@@ -55,17 +55,17 @@ def test_deletes_expired_sessions_with_messages_and_pointers_keeps_the_rest(
     ).fetchone()
     assert row == ("# Name\nAlice", 1)
 
-    again = run_cleanup(database_url, batch_size=1000)  # idempotent
+    again = run_cleanup(cleanup_url, batch_size=1000)  # idempotent
     assert again.finished
     assert seed.user_sessions(alice.user_id) == 1 and seed.user_messages(alice.user_id) == 3
 
 
-def test_works_in_batches_of_batch_size(database_url, users, seed: Seeder):
+def test_works_in_batches_of_batch_size(cleanup_url, users, seed: Seeder):
     user = users.create()
     mine = [seed.session(user.user_id, messages=2) for _ in range(5)]
     sessions, messages = _expired_now(seed)
 
-    result = run_cleanup(database_url, batch_size=2)
+    result = run_cleanup(cleanup_url, batch_size=2)
 
     # Full batches until a short one (possibly empty) says nothing is left.
     assert result.batches == sessions // 2 + 1
@@ -74,23 +74,23 @@ def test_works_in_batches_of_batch_size(database_url, users, seed: Seeder):
     assert not any(seed.exists(sid) for sid in mine)
 
 
-def test_dry_run_counts_and_deletes_nothing(database_url, users, seed: Seeder):
+def test_dry_run_counts_and_deletes_nothing(cleanup_url, users, seed: Seeder):
     user = users.create()
     mine = [seed.session(user.user_id, messages=3) for _ in range(2)]
     sessions, messages = _expired_now(seed)
 
-    result = run_cleanup(database_url, batch_size=1, dry_run=True)
+    result = run_cleanup(cleanup_url, batch_size=1, dry_run=True)
 
     assert (result.deleted_sessions, result.deleted_messages) == (sessions, messages)
     assert result.dry_run and result.finished and result.batches == 0
     assert result.as_dict()["dry_run"] is True
     assert all(seed.exists(sid) and seed.message_count(sid) == 3 for sid in mine)
 
-    run_cleanup(database_url, batch_size=1000)
+    run_cleanup(cleanup_url, batch_size=1000)
     assert not any(seed.exists(sid) for sid in mine)
 
 
-def test_stopped_by_its_budget_resumes_on_the_next_run(database_url, users, seed: Seeder):
+def test_stopped_by_its_budget_resumes_on_the_next_run(cleanup_url, users, seed: Seeder):
     user = users.create()
     # Expired long before anything other tests create: the first in line.
     oldest = datetime(1971, 1, 1, tzinfo=UTC)
@@ -101,44 +101,44 @@ def test_stopped_by_its_budget_resumes_on_the_next_run(database_url, users, seed
 
     # Every clock read takes a second: each batch "takes" 1 s, and with 10 s
     # the third batch would start with only 3x the slowest batch left.
-    first = run_cleanup(database_url, batch_size=1, max_seconds=10, clock=StepClock())
+    first = run_cleanup(cleanup_url, batch_size=1, max_seconds=10, clock=StepClock())
 
     assert not first.finished
     assert (first.batches, first.deleted_sessions, first.deleted_messages) == (2, 2, 4)
     assert first.duration_ms == 8000
     assert [seed.exists(sid) for sid in mine] == [False, False, True, True, True]
 
-    second = run_cleanup(database_url, batch_size=1, max_seconds=600)
+    second = run_cleanup(cleanup_url, batch_size=1, max_seconds=600)
 
     assert second.finished and second.deleted_sessions >= 3
     assert not any(seed.exists(sid) for sid in mine)
 
 
-def test_lambda_remaining_time_is_the_budget(database_url, users, seed: Seeder):
+def test_lambda_remaining_time_is_the_budget(cleanup_url, users, seed: Seeder):
     user = users.create()
     sid = seed.session(user.user_id, messages=1)
 
     # Less than the reserve the Lambda keeps to return: not a single batch.
-    starved = run_cleanup(database_url, batch_size=1000, remaining_ms=lambda: 1500)
+    starved = run_cleanup(cleanup_url, batch_size=1000, remaining_ms=lambda: 1500)
     assert (starved.batches, starved.deleted_sessions, starved.finished) == (0, 0, False)
     assert seed.exists(sid)
 
-    ample = run_cleanup(database_url, batch_size=1000, remaining_ms=lambda: 60_000)
+    ample = run_cleanup(cleanup_url, batch_size=1000, remaining_ms=lambda: 60_000)
     assert ample.finished and not seed.exists(sid)
 
 
-def test_a_zero_budget_deletes_nothing(database_url, users, seed: Seeder):
+def test_a_zero_budget_deletes_nothing(cleanup_url, users, seed: Seeder):
     user = users.create()
     sid = seed.session(user.user_id, messages=1)
-    result = run_cleanup(database_url, batch_size=1000, max_seconds=0)
+    result = run_cleanup(cleanup_url, batch_size=1000, max_seconds=0)
     assert (result.batches, result.finished) == (0, False) and seed.exists(sid)
-    run_cleanup(database_url, batch_size=1000)
+    run_cleanup(cleanup_url, batch_size=1000)
     assert not seed.exists(sid)
 
 
-def test_logs_one_line_with_the_result(database_url, caplog):
+def test_logs_one_line_with_the_result(cleanup_url, caplog):
     with caplog.at_level(logging.INFO, logger="memchat.usecases.cleanup"):
-        result = run_cleanup(database_url, batch_size=1000)
+        result = run_cleanup(cleanup_url, batch_size=1000)
     lines = [r for r in caplog.records if r.name == "memchat.usecases.cleanup"]
     assert len(lines) == 1
     assert lines[0].getMessage().startswith("cleanup {")
@@ -159,9 +159,9 @@ def test_result_contract():
     assert set(dry.as_dict()) == CONTRACT | {"dry_run"}
 
 
-def test_batch_size_must_be_positive(database_url):
+def test_batch_size_must_be_positive(cleanup_url):
     with pytest.raises(ValueError, match="batch_size"):
-        run_cleanup(database_url, batch_size=0)
+        run_cleanup(cleanup_url, batch_size=0)
 
 
 def _expired_now(seed: Seeder) -> tuple[int, int]:
@@ -175,11 +175,11 @@ def _expired_now(seed: Seeder) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def test_pauses_between_batches_in_proportion_to_each_batch(database_url, users, seed: Seeder):
+def test_pauses_between_batches_in_proportion_to_each_batch(cleanup_url, users, seed: Seeder):
     for _ in range(5):
         seed.session(users.create().user_id, messages=2)
     pauses: list[float] = []
-    result = run_cleanup(database_url, batch_size=2, pause_factor=2.0, sleep=pauses.append)
+    result = run_cleanup(cleanup_url, batch_size=2, pause_factor=2.0, sleep=pauses.append)
     assert result.finished and result.batches >= 3
     # No pause after the last (short) batch: nothing is left to throttle.
     assert len(pauses) == result.batches - 1
@@ -188,7 +188,7 @@ def test_pauses_between_batches_in_proportion_to_each_batch(database_url, users,
     for _ in range(3):
         seed.session(users.create().user_id, messages=1)
     unthrottled: list[float] = []
-    run_cleanup(database_url, batch_size=1, pause_factor=0, sleep=unthrottled.append)
+    run_cleanup(cleanup_url, batch_size=1, pause_factor=0, sleep=unthrottled.append)
     assert unthrottled == []
 
 

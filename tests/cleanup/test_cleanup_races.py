@@ -29,24 +29,24 @@ EXTEND = (
 )
 
 
-def _open_turn(database_url: str, session_id: uuid.UUID) -> psycopg.Connection:
+def _open_turn(admin_url: str, session_id: uuid.UUID) -> psycopg.Connection:
     """A turn's transaction, left open: the session locked and extended."""
-    turn = psycopg.connect(database_url)  # not autocommit: the transaction stays open
+    turn = psycopg.connect(admin_url)  # not autocommit: the transaction stays open
     turn.execute(LOCK, {"session_id": session_id})
     turn.execute(EXTEND, {"session_id": session_id})
     return turn
 
 
 def test_a_session_a_turn_is_extending_is_skipped_without_waiting(
-    database_url, users, seed: Seeder
+    admin_url, cleanup_url, users, seed: Seeder
 ):
     user = users.create()
     extended = seed.session(user.user_id, messages=3, active=True)
     idle = seed.session(user.user_id, messages=2)
 
-    turn = _open_turn(database_url, extended)
+    turn = _open_turn(admin_url, extended)
     try:
-        with psycopg.connect(database_url, **connect_kwargs()) as cleaner:
+        with psycopg.connect(cleanup_url, **connect_kwargs()) as cleaner:
             cleaner.execute("set lock_timeout = '5s'")  # waiting would fail, not hang
             began = time.monotonic()
             deleted_sessions, _ = store.expire_sessions_batch(cleaner, 1000)
@@ -58,7 +58,7 @@ def test_a_session_a_turn_is_extending_is_skipped_without_waiting(
 
         # The whole use case too, on its own connection, while the turn is still open.
         with ThreadPoolExecutor(1) as pool:
-            result = pool.submit(run_cleanup, database_url, batch_size=1000).result(timeout=10)
+            result = pool.submit(run_cleanup, cleanup_url, batch_size=1000).result(timeout=10)
         assert result.finished and seed.exists(extended)
         turn.commit()
     finally:
@@ -66,24 +66,26 @@ def test_a_session_a_turn_is_extending_is_skipped_without_waiting(
 
     assert seed.exists(extended) and seed.message_count(extended) == 3
     assert seed.pointer(user.user_id, "default") == extended
-    run_cleanup(database_url, batch_size=1000)
+    run_cleanup(cleanup_url, batch_size=1000)
     assert seed.exists(extended) and seed.message_count(extended) == 3
 
 
-def test_an_extension_committed_just_before_the_batch_is_seen(database_url, users, seed: Seeder):
+def test_an_extension_committed_just_before_the_batch_is_seen(
+    admin_url, cleanup_url, users, seed: Seeder
+):
     user = users.create()
     extended = seed.session(user.user_id, messages=3)
-    turn = _open_turn(database_url, extended)
+    turn = _open_turn(admin_url, extended)
     turn.commit()
     turn.close()
 
-    run_cleanup(database_url, batch_size=1000)
+    run_cleanup(cleanup_url, batch_size=1000)
 
     assert seed.exists(extended) and seed.message_count(extended) == 3
 
 
 async def test_a_turn_on_an_expired_session_not_yet_cleaned_keeps_it(
-    db, database_url, users, seed: Seeder
+    db, cleanup_url, users, seed: Seeder
 ):
     user = users.create()
     sid = seed.session(user.user_id, messages=4, expires_in=-timedelta(seconds=5))
@@ -99,14 +101,14 @@ async def test_a_turn_on_an_expired_session_not_yet_cleaned_keeps_it(
             ttl=timedelta(hours=1),
         ),
     )
-    run_cleanup(database_url, batch_size=1000)
+    run_cleanup(cleanup_url, batch_size=1000)
 
     # The expired history was reset by the turn; the session and the new turn live on.
     assert info.message_count == 2
     assert seed.exists(sid) and seed.message_count(sid) == 2
 
 
-def test_two_cleanups_at_once_delete_each_row_once(database_url, users, seed: Seeder):
+def test_two_cleanups_at_once_delete_each_row_once(cleanup_url, users, seed: Seeder):
     user = users.create()
     seed.expired_bulk(user.user_id, sessions=6000, messages_each=3)
     live = seed.session(users.create().user_id, expires_in=timedelta(hours=1), messages=2)
@@ -115,7 +117,7 @@ def test_two_cleanups_at_once_delete_each_row_once(database_url, users, seed: Se
 
     def cleanup() -> object:
         start.wait()
-        return run_cleanup(database_url, batch_size=100)
+        return run_cleanup(cleanup_url, batch_size=100)
 
     with ThreadPoolExecutor(2) as pool:
         first, second = (f.result(timeout=120) for f in [pool.submit(cleanup) for _ in "ab"])

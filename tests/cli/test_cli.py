@@ -64,10 +64,10 @@ def _start_dev(env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], s
 
 
 @pytest.fixture
-def dev_server(database_url: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+def dev_server(admin_url: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """`memchat dev` against the test database, offline model, own JWT secret."""
     secret = "cli-test-secret-" + "x" * 32
-    env = _env(DATABASE_URL=database_url, SUPABASE_JWT_SECRET=secret, MEMCHAT_HOME=str(tmp_path))
+    env = _env(DATABASE_URL=admin_url, SUPABASE_JWT_SECRET=secret, MEMCHAT_HOME=str(tmp_path))
     proc, url = _start_dev(env, tmp_path)
     try:
         _wait_healthy(url, proc)
@@ -116,11 +116,11 @@ def test_dev_starts_from_nothing_with_embedded_postgres(tmp_path: Path) -> None:
 
 
 def test_token_creates_user_and_verifies(
-    database_url: str, admin: psycopg.Connection, tmp_path: Path
+    admin_url: str, admin: psycopg.Connection, tmp_path: Path
 ) -> None:
     secret = "token-test-secret-" + "y" * 32
     email = f"{uuid.uuid4()}@example.test"
-    env = _env(DATABASE_URL=database_url, SUPABASE_JWT_SECRET=secret)
+    env = _env(DATABASE_URL=admin_url, SUPABASE_JWT_SECRET=secret)
     out = subprocess.run(
         [*MEMCHAT, "token", "--email", email],
         env=env,
@@ -147,8 +147,54 @@ def test_token_creates_user_and_verifies(
     )
 
 
-def test_migrate_is_idempotent(database_url: str, tmp_path: Path) -> None:
-    env = _env(DATABASE_URL=database_url)
+def test_token_for_a_user_id_alone_is_accepted_by_the_api(
+    admin_url: str, admin: psycopg.Connection, tmp_path: Path
+) -> None:
+    """--user-id without --email: the default dev email is already taken by
+    then (the first command made that user), and the token must still work."""
+    secret = "token-test-secret-" + "z" * 32
+    env = _env(DATABASE_URL=admin_url, SUPABASE_JWT_SECRET=secret)
+    run = {"env": env, "cwd": tmp_path, "capture_output": True, "text": True, "check": True}
+    subprocess.run([*MEMCHAT, "token"], **run)  # the dev user exists now
+    user_id = uuid.uuid4()
+    token = subprocess.run([*MEMCHAT, "token", "--user-id", str(user_id)], **run).stdout.strip()
+
+    claims = jwt.decode(token, secret, algorithms=["HS256"], audience="authenticated")
+    assert claims["sub"] == str(user_id)
+    row = admin.execute("select email from auth.users where id = %s", (user_id,)).fetchone()
+    assert row == (f"{user_id}@example.test",)
+    again = subprocess.run([*MEMCHAT, "token", "--user-id", str(user_id)], **run).stdout
+    assert jwt.decode(again.strip(), secret, algorithms=["HS256"], audience="authenticated")[
+        "sub"
+    ] == str(user_id)
+    taken = subprocess.run(
+        [*MEMCHAT, "token", "--user-id", str(uuid.uuid4()), "--email", claims["email"]],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert taken.returncode != 0 and "another local user" in taken.stderr
+
+
+def test_dev_serves_the_api_as_the_memchat_api_role(
+    dev_server: tuple[str, dict[str, str]], admin: psycopg.Connection, tmp_path: Path
+) -> None:
+    url, env = dev_server
+    token = subprocess.run(
+        [*MEMCHAT, "token"], env=env, cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    r = httpx.get(f"{url}/memory", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+    assert r.status_code == 200, r.text
+    pids = admin.execute(
+        "select usename from pg_stat_activity where pid <> pg_backend_pid()"
+        " and backend_type = 'client backend' and usename like 'memchat%%'"
+    ).fetchall()
+    assert ("memchat_api",) in pids
+
+
+def test_migrate_is_idempotent(admin_url: str, tmp_path: Path) -> None:
+    env = _env(DATABASE_URL=admin_url)
     result = subprocess.run(
         [*MEMCHAT, "migrate"], env=env, cwd=tmp_path, capture_output=True, text=True, check=True
     )
@@ -183,8 +229,8 @@ def test_terminal_chat_uses_a_new_session_per_run(
     assert sorted(r[1] for r in rows) == [2, 2]
 
 
-def test_cleanup_dry_run_prints_counts(database_url: str, tmp_path: Path) -> None:
-    env = _env(DATABASE_URL=database_url)
+def test_cleanup_dry_run_prints_counts(admin_url: str, tmp_path: Path) -> None:
+    env = _env(DATABASE_URL=admin_url)
     result = subprocess.run(
         [*MEMCHAT, "cleanup", "--dry-run"],
         env=env,

@@ -6,6 +6,10 @@ modules fresh (module scope runs again: secrets, settings, app), invokes
 them with sample events from tests/events/ and a fake context, captures the
 JSON log lines, and afterwards closes what the handlers opened and puts the
 process-wide logging and event-loop state back.
+
+As deployed, the API functions log in as `memchat_api` (DATABASE_URL) and
+the cleanup function as `memchat_cleanup` (its own DATABASE_URL secret):
+`lambda_` imports the cleanup module with the cleanup role's URL.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import importlib
 import io
 import json
 import logging
+import os
 import sys
 import uuid
 import warnings
@@ -156,16 +161,28 @@ class _LoggingSnapshot:
 
 
 class LambdaRuntime:
-    """Imports handler modules as a fresh Lambda instance would and invokes them."""
+    """Imports handler modules as a fresh Lambda instance would and invokes them.
 
-    def __init__(self) -> None:
+    `function_env` holds a function's own values of variables the functions
+    share (the cleanup function's DATABASE_URL): they apply while its module
+    is imported, to those of the variables the test left set.
+    """
+
+    def __init__(self, function_env: dict[str, dict[str, str]] | None = None) -> None:
         self.logs = io.StringIO()
         self.modules: dict[str, ModuleType] = {}
+        self.function_env = function_env or {}
 
     def load(self, name: str) -> ModuleType:
         """Import memchat.handlers.<name> (its module scope is the init phase)."""
         if name not in self.modules:
-            module = importlib.import_module(f"{HANDLER_PACKAGE}.{name}")
+            own = {k: v for k, v in self.function_env.get(name, {}).items() if k in os.environ}
+            saved = {k: os.environ[k] for k in own}
+            os.environ.update(own)
+            try:
+                module = importlib.import_module(f"{HANDLER_PACKAGE}.{name}")
+            finally:
+                os.environ.update(saved)
             observability = importlib.import_module("memchat.observability")
             handler = observability.logger.registered_handler
             assert isinstance(handler, logging.StreamHandler)
@@ -190,12 +207,16 @@ def lambda_env(
     monkeypatch: pytest.MonkeyPatch, database_url: str, model: FakeOpenAI
 ) -> dict[str, str]:
     """The environment of a deployed function, pointed at the test database and model."""
-    import os
-
     for name in list(os.environ):
         if name.endswith(("_SECRET_ARN", "_PARAMETER")) or name.startswith("POWERTOOLS_"):
             monkeypatch.delenv(name)
-    for name in ("SUPABASE_URL", "CORS_ALLOW_ORIGINS", "MEMORY_ENABLED", "CLEANUP_BATCH_SIZE"):
+    for name in (
+        "SUPABASE_URL",
+        "CORS_ALLOW_ORIGINS",
+        "MEMORY_ENABLED",
+        "CLEANUP_BATCH_SIZE",
+        "ROUTE_GROUPS",  # every route group, as with `memchat dev`, unless a test says
+    ):
         monkeypatch.delenv(name, raising=False)
     env = {
         "DATABASE_URL": database_url,
@@ -227,7 +248,9 @@ def _current_loop() -> asyncio.AbstractEventLoop | None:
 
 
 @pytest.fixture
-def lambda_(lambda_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[LambdaRuntime]:
+def lambda_(
+    lambda_env: dict[str, str], cleanup_url: str, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[LambdaRuntime]:
     """A fresh Lambda instance: handler modules imported on first use."""
     # Powertools keeps "is this a cold start" in module globals.
     from aws_lambda_powertools.logging import logger as powertools_logger
@@ -241,7 +264,7 @@ def lambda_(lambda_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iter
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     _purge_instance_modules()
-    runtime = LambdaRuntime()
+    runtime = LambdaRuntime({"cleanup": {"DATABASE_URL": cleanup_url}})
     try:
         yield runtime
     finally:

@@ -99,6 +99,81 @@ def test_load_settings_prefers_the_secret_store(monkeypatch: pytest.MonkeyPatch)
     assert settings.database_url == DB and settings.openai_api_key == "sk-env"
 
 
+JWT_PARAMETER = "/memchat/supabase-jwt-secret"
+KEY_PARAMETER = "/memchat/openai-api-key"
+
+
+class ParameterStore:
+    """SSM Parameter Store as a deployed function sees it: names in, values out."""
+
+    def __init__(self) -> None:
+        self.values = {PARAMETER: DB, JWT_PARAMETER: JWT_SECRET, KEY_PARAMETER: "sk-from-the-store"}
+        self.fetched: list[str] = []
+
+    def fetch(self, name: str) -> str:
+        self.fetched.append(name)
+        return self.values[name]
+
+
+@pytest.fixture
+def parameter_store(monkeypatch: pytest.MonkeyPatch) -> ParameterStore:
+    """Every secret pointed at in the store (all three), none in plain variables."""
+    for variable in ("DATABASE_URL", "SUPABASE_JWT_SECRET", "OPENAI_API_KEY"):
+        monkeypatch.delenv(variable, raising=False)
+        monkeypatch.delenv(f"{variable}_SECRET_ARN", raising=False)
+    for name in ("SUPABASE_URL", "ROUTE_GROUPS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DATABASE_URL_PARAMETER", PARAMETER)
+    monkeypatch.setenv("SUPABASE_JWT_SECRET_PARAMETER", JWT_PARAMETER)
+    monkeypatch.setenv("OPENAI_API_KEY_PARAMETER", KEY_PARAMETER)
+    store = ParameterStore()
+    monkeypatch.setattr(secrets, "_fetch_parameter", store.fetch)
+    return store
+
+
+@pytest.mark.parametrize("groups", ["sessions", "export", "sessions,export"])
+def test_without_chat_the_model_key_is_never_fetched(
+    parameter_store: ParameterStore, monkeypatch: pytest.MonkeyPatch, groups: str
+) -> None:
+    """Even pointed at the model key, a function that does not serve chat leaves it alone."""
+    monkeypatch.setenv("ROUTE_GROUPS", groups)
+
+    settings = secrets.load_settings()
+
+    assert parameter_store.fetched == [PARAMETER, JWT_PARAMETER]
+    assert settings.openai_api_key is None
+    assert settings.database_url == DB and settings.supabase_jwt_secret == JWT_SECRET
+
+
+@pytest.mark.parametrize("groups", [None, "chat", "chat,sessions,export"])
+def test_serving_chat_fetches_the_model_key(
+    parameter_store: ParameterStore, monkeypatch: pytest.MonkeyPatch, groups: str | None
+) -> None:
+    if groups is not None:
+        monkeypatch.setenv("ROUTE_GROUPS", groups)
+
+    settings = secrets.load_settings()
+
+    assert sorted(parameter_store.fetched) == sorted([PARAMETER, JWT_PARAMETER, KEY_PARAMETER])
+    assert settings.openai_api_key == "sk-from-the-store"
+
+
+def test_bad_route_groups_fail_before_anything_is_fetched(
+    parameter_store: ParameterStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROUTE_GROUPS", "chat,everything")
+    with pytest.raises(ConfigError, match="ROUTE_GROUPS: unknown route group 'everything'"):
+        secrets.load_settings()
+    assert parameter_store.fetched == []
+
+
+def test_a_placeholder_in_the_store_fails_by_name(parameter_store: ParameterStore) -> None:
+    parameter_store.values[KEY_PARAMETER] = "sk-..."
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY looks like a placeholder") as error:
+        secrets.load_settings()
+    assert "sk-" not in str(error.value)
+
+
 def test_database_url_alone() -> None:
     assert secrets.database_url({"DATABASE_URL": f" {DB} "}) == DB
     with pytest.raises(ConfigError, match="DATABASE_URL"):

@@ -1,21 +1,30 @@
 """template.yaml: lint-clean, and every function, route and secret in it is real.
 
-Each handler the template names is imported and invoked here: the API
-Gateway ones once per route the template gives them (unauthenticated, so 401
-proves the app serves that route behind auth), the export function's server
-once per route its function URL serves, the cleanup one with the schedule's
-own input. Every route of the app is served by exactly one of the HTTP API
-and the export function URL.
+Each handler the template names is imported and invoked here, with the
+function's own ROUTE_GROUPS and without the model key where the function is
+not meant to have it: the API Gateway ones once per route the template gives
+them (unauthenticated, so 401 proves the app serves that route behind auth),
+the export function's server once per route its function URL serves, the
+cleanup one with the schedule's own input. Every route of the app is served
+by exactly one of the HTTP API and the export function URL.
+
+Which secrets each function can read is worked out from the template itself
+(the SAM transform's roles and the managed policies they attach, for each
+SecretStore and with and without a JWT secret), and must be exactly the
+secrets its environment points at, which must be exactly what its settings
+need (`config.secret_settings` for its ROUTE_GROUPS).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +33,7 @@ import pytest
 from cfnlint.decode import decode
 
 from memchat import secrets
+from memchat.config import ROUTE_GROUPS, Settings, parse_route_groups, secret_settings
 from memchat.handlers import stream
 from tests.handlers.conftest import FakeContext, LambdaRuntime, body_of, route_event
 
@@ -86,18 +96,72 @@ URL_FUNCTIONS = [name for name, props in FUNCTIONS.items() if "FunctionUrlConfig
 URL_ROUTES = [("ExportFunction", method, path) for method, path in sorted(stream.EXPORT_ROUTES)]
 
 
-def test_cfn_lint_is_clean() -> None:
-    cfn_lint = Path(sys.executable).with_name("cfn-lint")
-    command = str(cfn_lint) if cfn_lint.exists() else shutil.which("cfn-lint")
-    assert command, "cfn-lint is not installed (it is in the test extras)"
-    result = subprocess.run(
-        [command, str(TEMPLATE)], capture_output=True, text=True, cwd=ROOT, check=False
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+# ------------------------------------------------------------ evaluation
+# Each deployment the parameters allow, as the conditions it sets.
+SCENARIOS = [
+    {"UseSsm": ssm, "HasJwtSecret": jwt, "TracingOn": tracing}
+    for ssm, jwt, tracing in itertools.product([False, True], repeat=3)
+]
+SCENARIO_IDS = [
+    f"{'ssm' if c['UseSsm'] else 'secretsmanager'}-{'jwt' if c['HasJwtSecret'] else 'jwks'}"
+    f"{'-tracing' if c['TracingOn'] else ''}"
+    for c in SCENARIOS
+]
+NO_VALUE = object()
+SECRET_ACTIONS = {"secretsmanager:GetSecretValue", "ssm:GetParameter"}
+SECRET_REFERENCE = re.compile(r"^(?P<setting>[A-Z_]+?)_(?:SECRET_ARN|PARAMETER)$")
+# Variables the Lambda runtime, Powertools and the Web Adapter read, not memchat's settings.
+RUNTIME_VARIABLES = re.compile(r"^(POWERTOOLS_\w+|AWS_LWA_\w+|AWS_LAMBDA_EXEC_WRAPPER)$")
+# Settings only the chat routes read: no other function is given them.
+CHAT_ONLY = {
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "OPENAI_MODEL",
+    "OPENAI_TIMEOUT_SECONDS",
+    "OPENAI_MAX_RETRIES",
+    "TURN_TIMEOUT_SECONDS",
+    "MEMORY_ENABLED",
+    "MEMORY_MAX_HISTORY_MESSAGES",
+    "MEMORY_MAX_CONTEXT_CHARS",
+    "MAX_MESSAGE_CHARS",
+    "MAX_TOOL_ROUNDS",
+    "CHAT_RATE_PER_MINUTE",
+    "CHAT_RATE_BURST",
+}
+# How every HTTP function checks tokens: the same everywhere.
+AUTH_SETTINGS = {"SUPABASE_URL", "ALLOW_ANONYMOUS_USERS"}
+HTTP_FUNCTIONS = ["ChatFunction", "SessionsFunction", "ExportFunction"]
 
 
-def test_sam_translates_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What `sam deploy` sends: the SAM transform must accept the template."""
+def evaluate(node: Any, conditions: dict[str, bool]) -> Any:
+    """The node with Fn::If resolved and AWS::NoValue dropped, as CloudFormation does."""
+    if isinstance(node, dict):
+        if set(node) == {"Fn::If"}:
+            name, then, otherwise = node["Fn::If"]
+            return evaluate(then if conditions[name] else otherwise, conditions)
+        if node == {"Ref": "AWS::NoValue"}:
+            return NO_VALUE
+        items = {key: evaluate(value, conditions) for key, value in node.items()}
+        return {key: value for key, value in items.items() if value is not NO_VALUE}
+    if isinstance(node, list):
+        values = [evaluate(value, conditions) for value in node]
+        return [value for value in values if value is not NO_VALUE]
+    return node
+
+
+def parameters_named(resource: Any) -> set[str]:
+    """The template parameters a policy Resource entry is built from."""
+    if isinstance(resource, dict) and set(resource) == {"Ref"}:
+        return {resource["Ref"]}
+    if isinstance(resource, dict) and set(resource) == {"Fn::Sub"}:
+        names = set(re.findall(r"\$\{([^}]+)\}", resource["Fn::Sub"]))
+        return {name for name in names if not name.startswith("AWS::")}
+    raise AssertionError(f"a secret policy resource that is not a parameter: {resource!r}")
+
+
+@pytest.fixture(scope="module")
+def translated() -> Iterator[dict[str, Any]]:
+    """What `sam deploy` sends: the template after the SAM transform."""
     from samtranslator.translator.transform import transform
 
     class Policies:
@@ -108,11 +172,88 @@ def test_sam_translates_it(monkeypatch: pytest.MonkeyPatch) -> None:
                 "AWSXrayWriteOnlyAccess": "arn:aws:iam::aws:policy/AWSXrayWriteOnlyAccess",
             }
 
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
-    template = json.loads(json.dumps(TEMPLATE_DATA))
-    template["Globals"]["Function"]["CodeUri"] = "s3://bucket/memchat.zip"  # as `sam package` does
-    output = transform(template, {}, Policies())
-    resources = output["Resources"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+        template = json.loads(json.dumps(TEMPLATE_DATA))
+        # As `sam package` does.
+        template["Globals"]["Function"]["CodeUri"] = "s3://bucket/memchat.zip"
+        output: dict[str, Any] = transform(template, {}, Policies())
+    yield output
+
+
+def readable_secrets(
+    translated: dict[str, Any], function: str, conditions: dict[str, bool]
+) -> set[str]:
+    """The secret parameters the deployed function's role may read."""
+    resources = evaluate(translated["Resources"], conditions)
+    role_ref = resources[function]["Properties"]["Role"]
+    role = resources[role_ref["Fn::GetAtt"][0]]["Properties"]
+    statements: list[dict[str, Any]] = []
+    for policy in role.get("Policies", []):  # inline: SAM's own (none read secrets)
+        statements.extend(policy["PolicyDocument"]["Statement"])
+    for arn in role.get("ManagedPolicyArns", []):
+        if isinstance(arn, dict):
+            (name,) = parameters_named(arn)
+            managed = resources[name]
+            assert managed["Type"] == "AWS::IAM::ManagedPolicy", name
+            statements.extend(managed["Properties"]["PolicyDocument"]["Statement"])
+        else:
+            assert arn.startswith("arn:aws:iam::aws:policy/"), arn  # AWS's own, no secrets
+    readable: set[str] = set()
+    for statement in statements:
+        actions = statement["Action"]
+        actions = {actions} if isinstance(actions, str) else set(actions)
+        if not actions & SECRET_ACTIONS:
+            continue
+        assert statement["Effect"] == "Allow" and actions <= SECRET_ACTIONS, statement
+        targets = statement["Resource"]
+        for target in targets if isinstance(targets, list) else [targets]:
+            readable |= parameters_named(target)
+    return readable
+
+
+def environment(function: str, conditions: dict[str, bool]) -> dict[str, Any]:
+    variables: dict[str, Any] = evaluate(
+        {
+            **GLOBALS["Environment"]["Variables"],
+            **FUNCTIONS[function].get("Environment", {}).get("Variables", {}),
+        },
+        conditions,
+    )
+    return variables
+
+
+def pointed_at(variables: dict[str, Any]) -> dict[str, str]:
+    """Secret setting -> the template parameter its *_SECRET_ARN/*_PARAMETER names."""
+    found: dict[str, str] = {}
+    for name, value in variables.items():
+        match = SECRET_REFERENCE.match(name)
+        if match:
+            setting = match.group("setting").lower()
+            assert setting not in found, f"{setting} is pointed at twice"
+            (found[setting],) = parameters_named(value)
+    return found
+
+
+def route_groups_of(function: str) -> frozenset[str]:
+    variables = FUNCTIONS[function]["Environment"]["Variables"]
+    assert "ROUTE_GROUPS" in variables, f"{function} does not say which routes it serves"
+    return frozenset(parse_route_groups(variables["ROUTE_GROUPS"]))
+
+
+def test_cfn_lint_is_clean() -> None:
+    cfn_lint = Path(sys.executable).with_name("cfn-lint")
+    command = str(cfn_lint) if cfn_lint.exists() else shutil.which("cfn-lint")
+    assert command, "cfn-lint is not installed (it is in the test extras)"
+    result = subprocess.run(
+        [command, str(TEMPLATE)], capture_output=True, text=True, cwd=ROOT, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_sam_translates_it(translated: dict[str, Any]) -> None:
+    """What `sam deploy` sends: the SAM transform must accept the template."""
+    resources = translated["Resources"]
     routes = resources["HttpApi"]["Properties"]["Body"]["paths"]
     assert {(m.upper(), p) for p, ms in routes.items() for m in ms} == {
         (m, p) for _, m, p in HTTP_ROUTES
@@ -162,17 +303,30 @@ def test_every_handler_module_is_deployed() -> None:
     assert deployed == on_disk == {"chat", "clear", "stream", "cleanup"}
 
 
-async def test_template_routes_are_the_apps_routes(settings) -> None:
+async def test_template_routes_are_the_apps_routes(settings: Settings) -> None:
     from memchat.api.main import create_app
 
-    app = create_app(settings)
-    paths = app.openapi()["paths"]
-    await app.state.memchat.close()
-    served = {(method.upper(), path) for path, methods in paths.items() for method in methods}
+    async def served(groups: frozenset[str]) -> set[tuple[str, str]]:
+        app = create_app(settings.model_copy(update={"route_groups": groups}))
+        paths = app.openapi()["paths"]
+        state = app.state.memchat
+        await state.close()
+        # Only an app that serves chat builds a model client.
+        assert (state.model is not None) == ("chat" in groups), groups
+        return {(method.upper(), path) for path, methods in paths.items() for method in methods}
+
     declared = [(method, path) for _, method, path in [*HTTP_ROUTES, *URL_ROUTES]]
     # Each route through exactly one door: the HTTP API or the export function URL.
     assert len(declared) == len(set(declared)), "a route is served twice"
-    assert set(declared) == served
+    assert set(declared) == await served(frozenset(ROUTE_GROUPS))
+
+    # Each function's app (its ROUTE_GROUPS) has its routes and no other but /health.
+    health = {("GET", stream.READINESS_PATH)}
+    for function in HTTP_FUNCTIONS:
+        own = {(m, p) for f, m, p in [*HTTP_ROUTES, *URL_ROUTES] if f == function}
+        assert own, function
+        app_routes = await served(route_groups_of(function))
+        assert own <= app_routes and app_routes - own <= health, function
 
 
 def test_the_exports_are_streamed_from_a_function_url() -> None:
@@ -218,6 +372,102 @@ def test_run_sh_starts_the_stream_server() -> None:
     assert re.search(r'^chmod 0755 "\$OUT/run.sh"$', BUILD_SCRIPT.read_text(), re.M)
 
 
+def test_each_function_says_which_routes_it_serves() -> None:
+    groups = {function: route_groups_of(function) for function in HTTP_FUNCTIONS}
+    assert groups == {
+        "ChatFunction": {"chat"},
+        "SessionsFunction": {"sessions"},
+        "ExportFunction": {"export"},
+    }
+    assert "ROUTE_GROUPS" not in GLOBALS["Environment"]["Variables"]
+    assert "ROUTE_GROUPS" not in FUNCTIONS["CleanupFunction"]["Environment"]["Variables"]
+
+
+@pytest.mark.parametrize("conditions", SCENARIOS, ids=SCENARIO_IDS)
+def test_each_function_can_read_exactly_the_secrets_it_uses(
+    translated: dict[str, Any], conditions: dict[str, bool]
+) -> None:
+    """From the deployed roles' policies: no function can read a secret it does not use."""
+    jwt = {"SupabaseJwtSecretSecret"} if conditions["HasJwtSecret"] else set()
+    expected = {
+        "ChatFunction": {"DatabaseUrlSecret", "OpenAiApiKeySecret", *jwt},
+        "SessionsFunction": {"DatabaseUrlSecret", *jwt},
+        "ExportFunction": {"DatabaseUrlSecret", *jwt},
+        "CleanupFunction": {"CleanupDatabaseUrlSecret"},
+    }
+    assert set(FUNCTIONS) == set(expected)
+    for function, secrets_used in expected.items():
+        readable = readable_secrets(translated, function, conditions)
+        assert readable == secrets_used, function
+        # ...and exactly the secrets its environment points at.
+        assert set(pointed_at(environment(function, conditions)).values()) == readable, function
+    # The model key in particular: the chat function's alone.
+    for function in ("SessionsFunction", "ExportFunction", "CleanupFunction"):
+        assert "OpenAiApiKeySecret" not in readable_secrets(translated, function, conditions)
+
+
+@pytest.mark.parametrize("conditions", SCENARIOS, ids=SCENARIO_IDS)
+@pytest.mark.parametrize("function", HTTP_FUNCTIONS)
+def test_http_functions_get_what_their_settings_need(
+    function: str, conditions: dict[str, bool]
+) -> None:
+    variables = environment(function, conditions)
+    groups = route_groups_of(function)
+    settings_fields = {name.upper() for name in Settings.model_fields}
+
+    # Secrets: exactly those config.secret_settings names for its route groups,
+    # each from the right parameter and the right store.
+    needed = set(secret_settings(groups))
+    if not conditions["HasJwtSecret"]:
+        needed.discard("supabase_jwt_secret")  # tokens are checked through SUPABASE_URL's JWKS
+    references = pointed_at(variables)
+    assert set(references) == needed, function
+    assert references["database_url"] == "DatabaseUrlSecret"
+    if "openai_api_key" in references:
+        assert references["openai_api_key"] == "OpenAiApiKeySecret"
+    suffix = "_PARAMETER" if conditions["UseSsm"] else "_SECRET_ARN"
+    assert all(n.endswith(suffix) for n in variables if SECRET_REFERENCE.match(n)), variables
+
+    # Everything else it gets is one of its settings (or the runtime's own).
+    for name in variables:
+        assert (
+            name in settings_fields or SECRET_REFERENCE.match(name) or RUNTIME_VARIABLES.match(name)
+        ), f"{function}: {name} is not a setting"
+    plain = {name for name in variables if name in settings_fields}
+    if "chat" in groups:
+        # The model and the per-user limit reach it.
+        assert plain >= {"OPENAI_MODEL", "OPENAI_TIMEOUT_SECONDS", "CHAT_RATE_PER_MINUTE"}
+    else:
+        assert not CHAT_ONLY & plain, f"{function} gets chat-only settings"
+    assert plain >= AUTH_SETTINGS, function  # tokens are checked the same everywhere
+
+
+def test_the_chat_settings_are_stack_parameters_with_the_apps_defaults() -> None:
+    chat = FUNCTIONS["ChatFunction"]["Environment"]["Variables"]
+    parameters = TEMPLATE_DATA["Parameters"]
+    fields = Settings.model_fields
+    for variable, parameter in [
+        ("CHAT_RATE_PER_MINUTE", "ChatRatePerMinute"),
+        ("CHAT_RATE_BURST", "ChatRateBurst"),
+        ("ALLOW_ANONYMOUS_USERS", "AllowAnonymousUsers"),
+    ]:
+        assert chat[variable] == {"Ref": parameter}
+        default = fields[variable.lower()].default
+        assert float(parameters[parameter]["Default"]) == float(default), parameter
+    for function in HTTP_FUNCTIONS:
+        variables = FUNCTIONS[function]["Environment"]["Variables"]
+        assert variables["ALLOW_ANONYMOUS_USERS"] == {"Ref": "AllowAnonymousUsers"}, function
+
+
+@pytest.mark.parametrize("conditions", SCENARIOS, ids=SCENARIO_IDS)
+def test_cleanup_gets_only_its_own_database_url(conditions: dict[str, bool]) -> None:
+    variables = environment("CleanupFunction", conditions)
+    assert pointed_at(variables) == {"database_url": "CleanupDatabaseUrlSecret"}
+    own = {name for name in variables if not RUNTIME_VARIABLES.match(name)}
+    reference = "DATABASE_URL_PARAMETER" if conditions["UseSsm"] else "DATABASE_URL_SECRET_ARN"
+    assert own == {reference, "CLEANUP_BATCH_SIZE", "CLEANUP_PAUSE_FACTOR", "LOG_LEVEL"}
+
+
 def test_secrets_are_passed_by_reference_only() -> None:
     secret_variables = {name.upper() for name in secrets.SECRET_SETTINGS}
     for function, properties in FUNCTIONS.items():
@@ -240,16 +490,34 @@ def test_secret_policies_allow_reading_only_the_named_secrets() -> None:
     actions = set(re.findall(r'"Action": "([^"]+)"', text))
     assert actions == {"ssm:GetParameter", "secretsmanager:GetSecretValue"}
     assert '"*"' not in text and '"Resource": "*"' not in text
-    cleanup = FUNCTIONS["CleanupFunction"]
-    assert cleanup["Policies"] == [{"Ref": "ReadDatabaseUrlPolicy"}]
+    assert FUNCTIONS["CleanupFunction"]["Policies"] == [{"Ref": "ReadCleanupSecretsPolicy"}]
+    assert FUNCTIONS["ChatFunction"]["Policies"] == [
+        {"Ref": "ReadApiSecretsPolicy"},
+        {"Ref": "ReadModelKeyPolicy"},
+    ]
+    for function in ("SessionsFunction", "ExportFunction"):
+        assert FUNCTIONS[function]["Policies"] == [{"Ref": "ReadApiSecretsPolicy"}], function
+
+
+def as_deployed(monkeypatch: pytest.MonkeyPatch, function: str) -> None:
+    """The function's ROUTE_GROUPS, and no model key unless it serves chat."""
+    groups = route_groups_of(function)
+    monkeypatch.setenv("ROUTE_GROUPS", ",".join(sorted(groups)))
+    if "openai_api_key" not in secret_settings(groups):
+        monkeypatch.delenv("OPENAI_API_KEY")
 
 
 @pytest.mark.parametrize(
     ("function", "method", "path"), HTTP_ROUTES, ids=[f"{m} {p}" for _, m, p in HTTP_ROUTES]
 )
 def test_each_http_route_reaches_its_handler(
-    lambda_: LambdaRuntime, function: str, method: str, path: str
+    lambda_: LambdaRuntime,
+    monkeypatch: pytest.MonkeyPatch,
+    function: str,
+    method: str,
+    path: str,
 ) -> None:
+    as_deployed(monkeypatch, function)
     concrete = path.replace("{session_id}", "6f1c1d2e-4b7a-4c3e-9a51-2f0e8d9c7b10")
     event = route_event(method, path, concrete)
     if "{session_id}" in path:
@@ -270,8 +538,13 @@ def test_each_http_route_reaches_its_handler(
     ("function", "method", "path"), URL_ROUTES, ids=[f"{m} {p}" for _, m, p in URL_ROUTES]
 )
 def test_each_function_url_route_reaches_the_stream_server(
-    lambda_: LambdaRuntime, function: str, method: str, path: str
+    lambda_: LambdaRuntime,
+    monkeypatch: pytest.MonkeyPatch,
+    function: str,
+    method: str,
+    path: str,
 ) -> None:
+    as_deployed(monkeypatch, function)
     concrete = path.replace("{session_id}", "6f1c1d2e-4b7a-4c3e-9a51-2f0e8d9c7b10")
     server = lambda_.load(handler_module(FUNCTIONS[function]))
 
@@ -298,7 +571,11 @@ def test_each_function_url_route_reaches_the_stream_server(
     assert readiness.status_code == 200, readiness.text
 
 
-def test_the_schedule_input_drives_the_cleanup_handler(lambda_: LambdaRuntime) -> None:
+def test_the_schedule_input_drives_the_cleanup_handler(
+    lambda_: LambdaRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("OPENAI_API_KEY", "SUPABASE_JWT_SECRET"):  # it has neither
+        monkeypatch.delenv(name)
     ((function, schedule),) = events_of("ScheduleV2")
     event = json.loads(schedule["Input"])  # placeholders are filled in by the Scheduler
     assert event["dry_run"] is False

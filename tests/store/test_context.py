@@ -7,7 +7,6 @@ index entries, not the session.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 
@@ -16,7 +15,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from memchat import messages, store
-from memchat.db import SET_CLAIMS
+from memchat.db import SET_CLAIMS, claims_params
 from tests.utils.store_data import (
     contents,
     exchange,
@@ -156,9 +155,9 @@ async def test_retry_with_the_same_client_message_id_replays_the_final_answer(db
     info = await record(db, alice, sent, client_message_id="cm-1")
     await record(db, alice, exchange("later", "later answer"), session_id=info.id)
 
-    by_id = await load(db, alice, info.id, client_message_id="cm-1")
-    by_pointer = await load(db, alice, client_message_id="cm-1")
-    other_id = await load(db, alice, info.id, client_message_id="cm-2")
+    by_id = await load(db, alice, info.id, client_message_id="cm-1", message="remember tea")
+    by_pointer = await load(db, alice, client_message_id="cm-1", message="remember tea")
+    other_id = await load(db, alice, info.id, client_message_id="cm-2", message="new")
     no_id = await load(db, alice, info.id)
 
     assert by_id.replay == store.Replay(sent[-1])
@@ -172,8 +171,10 @@ async def test_client_message_id_is_scoped_to_its_session(db, users):
     first = await record(db, alice, exchange("q", "a"), client_message_id="cm-1")
     second = await record(db, alice, exchange("q", "b"))
 
-    assert (await load(db, alice, first.id, client_message_id="cm-1")).replay is not None
-    assert (await load(db, alice, second.id, client_message_id="cm-1")).replay is None
+    again = await load(db, alice, first.id, client_message_id="cm-1", message="q")
+    elsewhere = await load(db, alice, second.id, client_message_id="cm-1", message="q")
+    assert again.replay is not None
+    assert elsewhere.replay is None
 
 
 # ------------------------------------------------------------------ scale
@@ -232,9 +233,9 @@ async def test_window_reads_n_rows_of_a_huge_session(db, database_url, big_sessi
 
     # Run the same call again and count what it read from the message table.
     with psycopg.connect(database_url, autocommit=True) as conn, conn.transaction():
-        conn.execute(SET_CLAIMS, (json.dumps(alice.claims),))
+        conn.execute(SET_CLAIMS, claims_params(alice.claims))
         ((result,),) = conn.execute(
-            store.LOAD_CONTEXT, (sid, "default", window, True, None)
+            store.LOAD_CONTEXT, (sid, "default", window, True, None, None, 0, 1, 0)
         ).fetchall()
         conn.execute("reset role")
         seq_scans, seq_rows, _, rows_fetched = conn.execute(_XACT_READS).fetchone()

@@ -23,9 +23,10 @@ TABLE = "chat_message_history"
 
 
 @pytest.fixture
-def lc_conn(database_url: str) -> Iterator[psycopg.Connection]:
-    """A plain (non-autocommit) connection, as a LangChain app would pass in."""
-    with psycopg.connect(database_url) as conn:
+def lc_conn(admin_url: str) -> Iterator[psycopg.Connection]:
+    """A plain (non-autocommit) connection, as a LangChain app would pass in
+    (the owner's here: a LangChain back end acting for users switches roles)."""
+    with psycopg.connect(admin_url) as conn:
         yield conn
 
 
@@ -72,9 +73,11 @@ async def test_memchat_reads_messages_langchain_added(db, admin, users, lc_conn)
 
 
 def act_as_for_the_whole_connection(conn: psycopg.Connection, caller: store.Caller) -> None:
-    """What a LangChain app acting for one user does: role and claims per connection."""
+    """What a LangChain back end acting for one user does: the API's per-request
+    role (the Data API's `authenticated` may not write messages) and the
+    user's claims, for the whole connection."""
     conn.execute(
-        "select set_config('role', 'authenticated', false),"
+        "select set_config('role', 'memchat_user', false),"
         " set_config('request.jwt.claims', %s, false)",
         (json.dumps(caller.claims),),
     )

@@ -24,12 +24,12 @@ PRIVILEGES = ["select", "insert", "update", "delete", "truncate", "references", 
 
 
 @pytest.fixture
-def fresh_database(admin: psycopg.Connection, database_url: str) -> Iterator[str]:
+def fresh_database(admin: psycopg.Connection, admin_url: str) -> Iterator[str]:
     """A new, empty database on the same server, dropped afterwards."""
     name = f"memchat_fresh_{uuid.uuid4().hex[:12]}"
     admin.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
     try:
-        yield make_conninfo(database_url, dbname=name)
+        yield make_conninfo(admin_url, dbname=name)
     finally:
         admin.execute(sql.SQL("drop database {} with (force)").format(sql.Identifier(name)))
 
@@ -76,8 +76,43 @@ def test_anon_has_no_privileges(admin: psycopg.Connection, table: str) -> None:
     assert granted == []
 
 
+# Who each policy is for: the Data API (`authenticated`, whose member
+# `memchat_user` reads as it does), the API's writes (`memchat_user`), the
+# TTL cleanup (`memchat_cleanup`).
+POLICY_ROLES = {
+    "chat_sessions": {
+        ("SELECT", "authenticated"),
+        ("DELETE", "authenticated"),
+        ("INSERT", "memchat_user"),
+        ("UPDATE", "memchat_user"),
+        ("SELECT", "memchat_cleanup"),
+        ("UPDATE", "memchat_cleanup"),
+        ("DELETE", "memchat_cleanup"),
+    },
+    "user_agent_active_sessions": {
+        ("SELECT", "authenticated"),
+        ("INSERT", "authenticated"),
+        ("UPDATE", "authenticated"),
+        ("DELETE", "memchat_user"),
+    },
+    # Messages are immutable: no update grant, so no update policy.
+    "chat_message_history": {
+        ("SELECT", "authenticated"),
+        ("INSERT", "memchat_user"),
+        ("DELETE", "memchat_user"),
+        ("SELECT", "memchat_cleanup"),
+    },
+    "agent_long_term_memory": {
+        ("SELECT", "authenticated"),
+        ("INSERT", "memchat_user"),
+        ("UPDATE", "memchat_user"),
+        ("DELETE", "memchat_user"),
+    },
+}
+
+
 @pytest.mark.parametrize("table", TABLES)
-def test_policies_are_for_authenticated_and_use_wrapped_auth_uid(
+def test_policies_name_their_roles_and_use_wrapped_auth_uid(
     admin: psycopg.Connection, table: str
 ) -> None:
     policies = admin.execute(
@@ -85,15 +120,19 @@ def test_policies_are_for_authenticated_and_use_wrapped_auth_uid(
         " where schemaname = 'public' and tablename = %s",
         (table,),
     ).fetchall()
-    # Messages are immutable: no update grant, so no update policy.
-    commands = {"SELECT", "INSERT", "DELETE"} | (
-        set() if table == "chat_message_history" else {"UPDATE"}
+    assert {(cmd, role) for _, cmd, roles, _, _ in policies for role in roles} == (
+        POLICY_ROLES[table]
     )
-    assert {cmd for _, cmd, _, _, _ in policies} == commands
     for name, _, roles, qual, with_check in policies:
-        assert roles == ["authenticated"], name
+        assert len(roles) == 1, name
         expressions = [e for e in (qual, with_check) if e is not None]
         assert expressions, name
+        if roles == ["memchat_cleanup"]:
+            # The cleanup acts for no user: it sees expired sessions only.
+            assert all("auth.uid()" not in e for e in expressions), name
+            if table == "chat_sessions":
+                assert "expires_at <= now()" in (qual or ""), name
+            continue
         for expression in expressions:
             calls = len(re.findall(r"auth\.uid\(\)", expression))
             wrapped = len(re.findall(r"\(\s*SELECT auth\.uid\(\)", expression))

@@ -1,27 +1,21 @@
 """Row-level security: user B can neither see nor change user A's rows.
 
 Proved at the SQL level, statement by statement, exactly as the API runs a
-request (role `authenticated` plus B's claims in one transaction), for every
-table; then for `anon`; then through the store's own entry points.
+request (logged in as `memchat_api`, switched to `memchat_user` with B's
+claims in one transaction), for every table; then for `anon`; then through
+the store's own entry points. What the Data API (`authenticated`) may do is
+in test_privileges.py.
 """
 
 from __future__ import annotations
 
-import json
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
-
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.abc import Query
-from psycopg.types.json import Jsonb
 
-from memchat import messages, store
-from memchat.db import SET_CLAIMS
+from memchat import store
+from memchat.db import SET_CLAIMS, claims_params
 from memchat.errors import SessionNotFound
+from tests.store.conftest import World, affected, on, refused
 from tests.utils.store_data import (
     TTL,
     USER_TABLES,
@@ -34,7 +28,6 @@ from tests.utils.store_data import (
 from tests.utils.users import UserFactory
 
 TABLES = list(USER_TABLES)
-MESSAGE = Jsonb(messages.human("written by someone else"))
 
 # Per table: a harmless change (with constants only, so that without a WHERE
 # clause only the UPDATE policy, not the SELECT one, filters the rows), and
@@ -58,96 +51,6 @@ INSERTS_AS_A = {
     "agent_long_term_memory": "insert into public.agent_long_term_memory"
     " (user_id, agent_name, notes) values (%(a)s, 'other', 'planted')",
 }
-
-
-@dataclass(frozen=True)
-class World:
-    a: store.Caller
-    b: store.Caller
-    a_session: uuid.UUID
-    b_session: uuid.UUID
-    a_rows: dict[str, list[dict[str, Any]]]
-
-    @property
-    def params(self) -> dict[str, Any]:
-        return {
-            "a": self.a.user_id,
-            "b": self.b.user_id,
-            "a_session": self.a_session,
-            "b_session": self.b_session,
-            "message": MESSAGE,
-        }
-
-
-@pytest.fixture
-def world(admin: psycopg.Connection, users: UserFactory) -> World:
-    """A and B each own one session with its active pointer, two messages and notes."""
-    a, b = users.create(), users.create()
-    a_session, b_session = uuid.uuid4(), uuid.uuid4()
-    with admin.transaction():
-        for owner, session in ((a, a_session), (b, b_session)):
-            admin.execute(
-                "insert into public.chat_sessions (id, user_id, title, message_count)"
-                " values (%s, %s, 'hello', 2)",
-                (session, owner.user_id),
-            )
-            admin.execute(
-                "insert into public.user_agent_active_sessions"
-                " (user_id, agent_name, active_session_id) values (%s, 'default', %s)",
-                (owner.user_id, session),
-            )
-            for message in exchange("hello", "hi"):
-                admin.execute(
-                    "insert into public.chat_message_history (session_id, user_id, message)"
-                    " values (%s, %s, %s)",
-                    (session, owner.user_id, Jsonb(message)),
-                )
-            admin.execute(
-                "insert into public.agent_long_term_memory (user_id, agent_name, notes)"
-                " values (%s, 'default', 'likes tea')",
-                (owner.user_id,),
-            )
-    a_rows = snapshot(admin, a.user_id)
-    assert all(len(rows) >= 1 for rows in a_rows.values())
-    return World(a, b, a_session, b_session, a_rows)
-
-
-@pytest.fixture
-def conn(database_url: str) -> Iterator[psycopg.Connection]:
-    """A connection of the connecting role; `acting_as` switches to a user's role."""
-    with psycopg.connect(database_url, autocommit=True) as connection:
-        yield connection
-
-
-@pytest.fixture
-def unchanged(world: World, admin: psycopg.Connection) -> Iterator[None]:
-    """After the test, A's rows are exactly as arranged."""
-    yield
-    assert snapshot(admin, world.a.user_id) == world.a_rows
-
-
-def on(template: str, table: str) -> sql.Composed:
-    """The statement `template` with `{table}` filled in as an identifier."""
-    return sql.SQL(template).format(table=sql.Identifier(table))
-
-
-def refused(conn: psycopg.Connection, query: Query, params: dict[str, Any]) -> bool:
-    """Whether the database refuses the statement (the savepoint keeps the transaction)."""
-    try:
-        with conn.transaction():
-            conn.execute(query, params)
-    except psycopg.errors.InsufficientPrivilege:
-        return True
-    return False
-
-
-def affected(conn: psycopg.Connection, query: Query, params: dict[str, Any]) -> int | str:
-    """Rows the statement changed, or "refused"."""
-    try:
-        with conn.transaction():
-            return conn.execute(query, params).rowcount
-    except psycopg.errors.InsufficientPrivilege:
-        return "refused"
 
 
 # ------------------------------------------------------------ user B, SQL
@@ -187,7 +90,7 @@ def test_b_writes_without_where_reach_only_b_rows(
     ).fetchone()
     update = f"update public.{{table}} {CHANGES[table]}"
     with conn.transaction(force_rollback=True):
-        conn.execute(SET_CLAIMS, (json.dumps(world.b.claims),))
+        conn.execute(SET_CLAIMS, claims_params(world.b.claims))
         assert affected(conn, on(update, table), world.params) in (own, "refused")
         assert affected(conn, on("delete from public.{table}", table), world.params) == own
 
@@ -298,8 +201,9 @@ def test_authenticated_without_claims_sees_nothing(
 
 @pytest.mark.parametrize("table", TABLES)
 def test_anon_can_neither_read_nor_write(
-    conn: psycopg.Connection, world: World, unchanged: None, table: str
+    gateway: psycopg.Connection, world: World, unchanged: None, table: str
 ) -> None:
+    conn = gateway
     with acting_as(conn, None):
         try:
             with conn.transaction():

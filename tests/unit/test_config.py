@@ -6,9 +6,51 @@ from collections.abc import Iterator
 
 import pytest
 
-from memchat.config import ConfigError, Settings, get_settings, load_settings
+from memchat.config import (
+    ROUTE_GROUPS,
+    ConfigError,
+    Settings,
+    get_settings,
+    is_placeholder,
+    load_settings,
+    secret_settings,
+)
 
-SECRET = "s" * 40
+SECRET = "q8Zt3vKx1mW0pR7yL4nB6cJ9dF2gH5sA0eU3iO"
+# Shaped like OpenAI's project keys (sk-proj- and about 150 random characters).
+REAL_LOOKING_KEY = "sk-proj-" + "abc123DEF456ghi789_JKL012-mno345PQR678stu901VWXyz" * 3
+# What `supabase start` uses locally; docs/deploy.md points memchat at it.
+SUPABASE_LOCAL_JWT_SECRET = "super-secret-jwt-token-with-at-least-32-characters-long"
+
+KEY_PLACEHOLDERS = [
+    "changeme",
+    "CHANGE_ME",
+    "<your-key>",
+    "<OPENAI_API_KEY>",
+    "your-api-key",
+    "YOUR_OPENAI_API_KEY",
+    "sk-your-key-here",
+    "sk-...",
+    "sk-proj-...",
+    "sk-\u2026",
+    "xxx",
+    "sk-xxxxxxxxxxxxxxxx",
+    "sk-proj-xxxx-xxxx-xxxx",
+    "${OPENAI_API_KEY}",
+    "$OPENAI_API_KEY",
+    "{{ secrets.OPENAI_API_KEY }}",
+    "%OPENAI_API_KEY%",
+    "OPENAI_API_KEY",
+    '""',
+    "''",
+    "-",
+    "***",
+    "none",
+    "null",
+    "EMPTY",
+    "placeholder",
+    "sk-",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -40,6 +82,8 @@ def test_documented_defaults(minimal: None) -> None:
     assert settings.log_level == "INFO"
     assert settings.supabase_url is None and settings.jwks_url is None
     assert settings.jwt_issuer is None
+    assert settings.chat_rate_per_minute == 20 and settings.chat_rate_burst == 10
+    assert settings.allow_anonymous_users is False
 
 
 def test_environment_values_are_parsed(minimal: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,13 +134,136 @@ def test_supabase_url_alone_is_enough_for_jwks_projects(
     assert load_settings().supabase_jwt_secret is None
 
 
-@pytest.mark.parametrize("secret", ["changeme", "secret", "short-secret"])
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "changeme",
+        "secret",
+        "short-secret",
+        # The same placeholder rule as for the API key, however long the value.
+        "s" * 40,
+        "<your-supabase-jwt-secret-from-the-dashboard>",
+        "${SUPABASE_JWT_SECRET_FROM_THE_DASHBOARD_SETTINGS}",
+        "your-jwt-secret-with-at-least-32-characters",
+        "...a-secret-with-at-least-32-characters-in-it...",
+    ],
+)
 def test_placeholder_or_short_secrets_are_refused(
     minimal: None, monkeypatch: pytest.MonkeyPatch, secret: str
 ) -> None:
     monkeypatch.setenv("SUPABASE_JWT_SECRET", secret)
     with pytest.raises(ConfigError, match="SUPABASE_JWT_SECRET must be the project's JWT secret"):
         load_settings()
+
+
+@pytest.mark.parametrize("secret", [SECRET, SUPABASE_LOCAL_JWT_SECRET, "a" * 20 + "b" * 20])
+def test_real_looking_jwt_secrets_pass(
+    minimal: None, monkeypatch: pytest.MonkeyPatch, secret: str
+) -> None:
+    monkeypatch.setenv("SUPABASE_JWT_SECRET", secret)
+    assert load_settings().supabase_jwt_secret == secret
+
+
+@pytest.mark.parametrize("key", KEY_PLACEHOLDERS)
+def test_a_placeholder_api_key_fails_at_start_by_name(
+    minimal: None, monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY looks like a placeholder") as error:
+        load_settings()
+    # The message names the variable, never the value: it is the same for every value.
+    monkeypatch.setenv("OPENAI_API_KEY", "changeme")
+    with pytest.raises(ConfigError) as same:
+        load_settings()
+    assert str(error.value) == str(same.value)
+
+
+@pytest.mark.parametrize("key", ["", "   "])
+def test_an_empty_api_key_is_a_missing_one(
+    minimal: None, monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    with pytest.raises(ConfigError, match="set OPENAI_API_KEY"):
+        load_settings()
+
+
+@pytest.mark.parametrize(
+    "key", [REAL_LOOKING_KEY, "sk-abc123DEF456ghi789JKL012mno345", "test-key", "sk-test", "local"]
+)
+def test_real_looking_api_keys_pass(
+    minimal: None, monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    assert load_settings().openai_api_key == key
+
+
+def test_one_placeholder_rule_for_both_secrets() -> None:
+    for value in KEY_PLACEHOLDERS:
+        assert is_placeholder(value, "OPENAI_API_KEY"), value
+    assert is_placeholder("SUPABASE_JWT_SECRET", "SUPABASE_JWT_SECRET")
+    assert is_placeholder("<your-jwt-secret>", "SUPABASE_JWT_SECRET")
+    for value in (REAL_LOOKING_KEY, "test-key", SECRET, SUPABASE_LOCAL_JWT_SECRET):
+        assert not is_placeholder(value, "OPENAI_API_KEY"), value
+        assert not is_placeholder(value, "SUPABASE_JWT_SECRET"), value
+
+
+# ------------------------------------------------------------ route groups
+
+
+def test_every_route_group_is_served_by_default(minimal: None) -> None:
+    settings = load_settings()
+    assert settings.route_groups == frozenset(ROUTE_GROUPS) == {"chat", "sessions", "export"}
+    assert all(settings.serves(group) for group in ROUTE_GROUPS)
+
+
+def test_route_groups_from_the_environment(minimal: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROUTE_GROUPS", " Sessions, export ,")
+    settings = load_settings()
+    assert settings.route_groups == {"sessions", "export"}
+    assert not settings.serves("chat")
+
+
+@pytest.mark.parametrize("value", ["chats", "chat,admin", "", " , "])
+def test_bad_route_groups_are_named(
+    minimal: None, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("ROUTE_GROUPS", value)
+    with pytest.raises(ConfigError, match=r"ROUTE_GROUPS: .*chat, sessions, export"):
+        load_settings()
+
+
+@pytest.mark.parametrize("groups", ["sessions", "export", "sessions,export"])
+def test_without_chat_no_model_key_is_needed_or_kept(
+    minimal: None, monkeypatch: pytest.MonkeyPatch, groups: str
+) -> None:
+    monkeypatch.setenv("ROUTE_GROUPS", groups)
+    monkeypatch.delenv("OPENAI_API_KEY")
+    assert load_settings().openai_api_key is None
+    # Given one anyway (or a placeholder), the settings do not hold it.
+    for key in (REAL_LOOKING_KEY, "changeme"):
+        monkeypatch.setenv("OPENAI_API_KEY", key)
+        assert load_settings().openai_api_key is None
+
+
+def test_serving_chat_needs_the_model_key(minimal: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROUTE_GROUPS", "chat")
+    monkeypatch.delenv("OPENAI_API_KEY")
+    with pytest.raises(ConfigError, match="set OPENAI_API_KEY"):
+        load_settings()
+    monkeypatch.setenv("OPENAI_API_KEY", "<your-key>")
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY looks like a placeholder"):
+        load_settings()
+
+
+def test_the_secrets_each_route_group_reads() -> None:
+    assert set(secret_settings(["chat"])) == {
+        "database_url",
+        "supabase_jwt_secret",
+        "openai_api_key",
+    }
+    assert set(secret_settings(ROUTE_GROUPS)) == set(secret_settings(["chat"]))
+    for groups in (["sessions"], ["export"], ["sessions", "export"]):
+        assert set(secret_settings(groups)) == {"database_url", "supabase_jwt_secret"}
 
 
 def test_blank_optional_values_mean_unset(minimal: None, monkeypatch: pytest.MonkeyPatch) -> None:

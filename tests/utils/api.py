@@ -6,11 +6,11 @@ import uuid
 from typing import Any
 
 import httpx
-import psycopg
 
 from memchat import devtokens
 from memchat.api.main import create_app
 from memchat.config import Settings
+from tests.utils.users import create_user
 
 
 class ApiClient(httpx.AsyncClient):
@@ -28,12 +28,7 @@ class ApiClient(httpx.AsyncClient):
     def new_user(self) -> tuple[uuid.UUID, dict[str, str]]:
         """Create a user in auth.users; returns (id, auth headers)."""
         user_id = uuid.uuid4()
-        with psycopg.connect(self.settings.database_url, autocommit=True) as conn:
-            conn.execute(
-                "insert into auth.users (id, aud, role, email) values"
-                " (%s, 'authenticated', 'authenticated', %s)",
-                (user_id, f"{user_id}@example.test"),
-            )
+        create_user(user_id)
         return user_id, {"Authorization": f"Bearer {self.token_for(user_id)}"}
 
     async def aclose(self) -> None:

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 
 from memchat import messages, store
-from memchat.db import SET_CLAIMS, Database
+from memchat.db import SET_CLAIMS, Database, claims_params
 
 TTL = timedelta(hours=1)
 
@@ -121,13 +121,31 @@ def acting_as(
 ) -> Iterator[psycopg.Connection]:
     """A transaction on `conn` that runs as the API runs a request.
 
-    With claims: `authenticated` with those claims (memchat.db.SET_CLAIMS).
-    With None: `anon` with no claims. The transaction commits at the end, so
-    anything a statement managed to change really stays changed.
+    With claims: `memchat_user` with those claims (memchat.db.SET_CLAIMS).
+    With None: `anon` with no claims (needs a connection that may become
+    anon: the owner's, standing in for PostgREST's `authenticator`). The
+    transaction commits at the end, so anything a statement managed to
+    change really stays changed.
     """
     with conn.transaction():
         if claims is None:
             conn.execute("select set_config('role', 'anon', true)")
         else:
-            conn.execute(SET_CLAIMS, (json.dumps(claims),))
+            conn.execute(SET_CLAIMS, claims_params(claims))
+        yield conn
+
+
+@contextmanager
+def through_data_api(
+    conn: psycopg.Connection, claims: Mapping[str, Any]
+) -> Iterator[psycopg.Connection]:
+    """A transaction as Supabase's Data API (PostgREST) runs a web app's
+    request: role `authenticated` with the user's claims. `conn` must be
+    allowed to become `authenticated` (the owner's connection here)."""
+    with conn.transaction():
+        conn.execute(
+            "select set_config('role', 'authenticated', true),"
+            " set_config('request.jwt.claims', %s, true)",
+            (json.dumps(claims),),
+        )
         yield conn

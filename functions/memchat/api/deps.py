@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from memchat.api.state import AppState
 from memchat.config import AGENT_NAME_PATTERN
-from memchat.errors import Unauthorized
+from memchat.errors import InvalidInput, Unauthorized
 from memchat.store import Caller
 
 
@@ -20,12 +21,23 @@ def get_state(request: Request) -> AppState:
 State = Annotated[AppState, Depends(get_state)]
 
 
-def current_user(request: Request, state: State) -> Caller:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+# Declares the bearer scheme in the OpenAPI document (the Authorize button of
+# /docs); auto_error=False so a missing or other header is our 401 JSON.
+_bearer = HTTPBearer(
+    scheme_name="SupabaseAccessToken",
+    bearerFormat="JWT",
+    description="A Supabase Auth access token: `Authorization: Bearer <token>`.",
+    auto_error=False,
+)
+
+
+def current_user(
+    state: State,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Caller:
+    if credentials is None:
         raise Unauthorized()
-    return state.verifier.verify(token.strip())
+    return state.verifier.verify(credentials.credentials)
 
 
 CurrentUser = Annotated[Caller, Depends(current_user)]
@@ -34,3 +46,12 @@ AgentQuery = Annotated[
     str,
     Query(pattern=AGENT_NAME_PATTERN, description="Agent name; default 'default'."),
 ]
+
+
+def single_valued_query(request: Request) -> None:
+    """Refuse a repeated query parameter: no endpoint takes a list, and
+    `?limit=5&limit=500` must not quietly mean whichever came last."""
+    keys = request.query_params.keys()
+    repeated = sorted({key for key in keys if len(request.query_params.getlist(key)) > 1})
+    if repeated:
+        raise InvalidInput(f"{', '.join(repeated)}: give each query parameter once.")

@@ -8,12 +8,17 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
-from memchat.errors import MemchatError, Unauthorized
+from memchat.errors import MemchatError
 
 logger = logging.getLogger(__name__)
+
+UNPAIRED_SURROGATES = (
+    "must not contain unpaired surrogates (U+D800 to U+DFFF); send well-formed Unicode"
+)
 
 _HTTP_CODES = {
     400: "bad_request",
@@ -23,7 +28,7 @@ _HTTP_CODES = {
     405: "method_not_allowed",
     413: "payload_too_large",
     415: "unsupported_media_type",
-    429: "throttled",
+    429: "rate_limited",
 }
 
 
@@ -38,6 +43,24 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app serves on this request's path.
+
+    The router's own 405 names only the first route that matched the path;
+    /memory, say, is three routes (GET, PUT, DELETE)."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes
+        )
+    ]
+
+
 def _field(loc: tuple[Any, ...]) -> str:
     parts = [str(p) for p in loc if p not in ("body", "query", "header", "path")]
     return ".".join(parts) or "body"
@@ -45,10 +68,9 @@ def _field(loc: tuple[Any, ...]) -> str:
 
 async def _memchat_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, MemchatError)
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
     if exc.status >= 500:
         logger.warning("request failed", extra={"error": exc.code, "status": exc.status})
-    return error_response(request, exc.status, exc.code, exc.detail, headers)
+    return error_response(request, exc.status, exc.code, exc.detail, exc.headers or None)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -61,19 +83,27 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
         message = str(error.get("msg", "invalid value"))
         if error.get("type") == "missing":
             message = "is required"
+        elif error.get("type") == "string_unicode":  # a key or value with a lone surrogate
+            message = UNPAIRED_SURROGATES
         details.append(f"{_field(tuple(error.get('loc', ())))}: {message}")
     return error_response(request, 422, "validation_error", "; ".join(details) + ".")
 
 
-async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     code = _HTTP_CODES.get(exc.status_code, "error")
     detail = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
     if exc.status_code == 404 and detail == "Not Found":
         detail = f"There is no endpoint {request.method} {request.url.path}."
+    headers = dict(exc.headers or {})
     if exc.status_code == 405:
-        detail = f"{request.method} is not allowed on {request.url.path}."
-    return error_response(request, exc.status_code, code, detail, dict(exc.headers or {}))
+        allow = ", ".join(allowed_methods(request))
+        if request.method == "OPTIONS":
+            # A plain OPTIONS (the CORS middleware answers preflights before this).
+            return Response(status_code=204, headers={"Allow": allow})
+        headers["Allow"] = allow
+        detail = f"{request.method} is not allowed on {request.url.path}; use {allow}."
+    return error_response(request, exc.status_code, code, detail, headers)
 
 
 def unexpected_error(request: Request, exc: Exception) -> JSONResponse:

@@ -6,18 +6,70 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
+from starlette.exceptions import HTTPException
 
 from memchat import __version__
-from memchat.api import errors
+from memchat.api import deps, errors
 from memchat.api.routes import account, chat, clear, export, health, memory, sessions
 from memchat.api.state import AppState
 from memchat.config import Settings, get_settings
 
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 logger = logging.getLogger("memchat.api")
 
 MAX_BODY_BYTES = 1_000_000
+TOO_LARGE = f"The request body is over {MAX_BODY_BYTES} bytes."
+# With a 413 the server closes the connection instead of reading the rest of
+# the body only to discard it.
+CLOSE = {"Connection": "close"}
+
+
+class BodyLimit:
+    """Refuses a request body past `limit` bytes as it arrives.
+
+    A body with a Content-Length over the limit is refused before it is read
+    (request_context); a chunked one has none, so the bytes are counted as the
+    app reads them, and the read that passes the limit fails with a 413 (a
+    starlette HTTPException: FastAPI re-raises those from its body reading, so
+    the error handlers answer it) instead of the whole body being buffered.
+    Nothing reads past that point: later reads see the client as gone.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        received = 0
+        responded = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            if received > self.limit:
+                return {"type": "http.disconnect"}  # read no further
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    if responded:  # too late for a 413: as if the client had gone
+                        return {"type": "http.disconnect"}
+                    raise HTTPException(413, TOO_LARGE, headers=CLOSE)
+            return message
+
+        async def watched_send(message: Message) -> None:
+            nonlocal responded
+            responded = responded or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, limited_receive, watched_send)
 
 
 def _request_id(request: Request) -> str:
@@ -37,9 +89,13 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
         title="memchat",
         version=__version__,
         description="Chat with persistent memory: sessions, long-term notes, export, erase.",
+        dependencies=[Depends(deps.single_valued_query)],
     )
     app.state.memchat = state or AppState.build(settings)
     errors.install(app)
+    # Inside request_context (added before it), so the route reads the body
+    # through it directly and its 413 reaches the error handlers.
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
     @app.middleware("http")
     async def request_context(
@@ -50,10 +106,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
         length = request.headers.get("content-length")
         if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
             response: Response = errors.error_response(
-                request,
-                413,
-                "payload_too_large",
-                f"The request body is over {MAX_BODY_BYTES} bytes.",
+                request, 413, "payload_too_large", TOO_LARGE, CLOSE
             )
         else:
             try:
@@ -84,11 +137,16 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
             expose_headers=["X-Session-ID", "X-Request-ID", "Content-Disposition"],
         )
 
+    # Only the route groups this process serves (ROUTE_GROUPS); /health always.
     app.include_router(health.router)
-    app.include_router(chat.router)
-    app.include_router(clear.router)
-    app.include_router(export.router)
-    app.include_router(sessions.router)
-    app.include_router(memory.router)
-    app.include_router(account.router)
+    if settings.serves("chat"):
+        app.include_router(chat.router)
+    if settings.serves("sessions"):
+        app.include_router(clear.router)
+    if settings.serves("export"):
+        app.include_router(export.router)
+    if settings.serves("sessions"):
+        app.include_router(sessions.router)
+        app.include_router(memory.router)
+        app.include_router(account.router)
     return app

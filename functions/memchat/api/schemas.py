@@ -3,15 +3,50 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
+from memchat.api.errors import UNPAIRED_SURROGATES
 from memchat.config import AGENT_NAME_PATTERN
 from memchat.errors import BadRequest
 from memchat.store import SessionInfo
 
 AgentName = Field(default="default", pattern=AGENT_NAME_PATTERN, description="Agent name.")
+# PostgreSQL's int4 (notes version): a larger number is a 422, not a database error.
+INT4_MAX = 2**31 - 1
+
+
+def _storable(value: object) -> object:
+    # JSON's \u escapes can carry both, PostgreSQL text can hold neither:
+    # refused here, as a 422 naming the field, not in the database (after the
+    # model was paid for). Before pydantic's own str checks, which catch
+    # surrogates only where a constraint makes them look at the text.
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise PydanticCustomError("unstorable_text", "must not contain NUL (U+0000) characters")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise PydanticCustomError("unstorable_text", UNPAIRED_SURROGATES) from None
+    return value
+
+
+# What _storable allows, said in the schema too (clients and the fuzzer read it).
+STORABLE_PATTERN = "^[^\\u0000\\ud800-\\udfff]*$"
+
+StoredText = Annotated[
+    str, BeforeValidator(_storable), Field(json_schema_extra={"pattern": STORABLE_PATTERN})
+]
+"""Free text from a client that is stored or sent on: refuses NUL and lone surrogates."""
+
+_UUID_SCHEMA = {"type": "string", "format": "uuid"}
+UuidText = Annotated[str, WithJsonSchema(_UUID_SCHEMA)]
+"""A UUID in the schema, a string to the validator: `parse_session_id` checks it,
+so a malformed id is the contract's 400 (not a 422) and any case is accepted."""
+UuidHeader = Annotated[str | None, WithJsonSchema(_UUID_SCHEMA)]
+"""UuidText for an optional header: absent is None, but never null on the wire."""
 
 
 def parse_session_id(value: str | None, source: str = "session_id") -> uuid.UUID | None:
@@ -29,12 +64,14 @@ def parse_session_id(value: str | None, source: str = "session_id") -> uuid.UUID
 class ChatBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    message: str = Field(min_length=1, description="The user's message.")
-    session_id: str | None = Field(default=None, description="UUID; also X-Session-ID.")
+    message: StoredText = Field(min_length=1, description="The user's message.")
+    session_id: UuidText | None = Field(default=None, description="UUID; also X-Session-ID.")
     agent_name: str = AgentName
     use_memory: bool = True
     max_history_messages: int | None = Field(default=None, ge=1, le=50)
-    client_message_id: str | None = Field(default=None, min_length=1, max_length=128)
+    client_message_id: StoredText | None = Field(
+        default=None, min_length=1, max_length=128, description="Idempotency key."
+    )
 
 
 class Usage(BaseModel):
@@ -89,16 +126,55 @@ class ErrorOut(BaseModel):
     request_id: str
 
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorOut, "description": description}
-    for status, description in {
-        400: "Malformed id or conflicting input",
-        401: "Missing or invalid access token",
-        404: "Not found (also another user's session)",
-        422: "Body validation failed",
-        503: "Database unavailable",
-    }.items()
+Responses = dict[int | str, dict[str, Any]]
+
+_RETRY_AFTER = {
+    "description": "Seconds to wait before retrying.",
+    "schema": {"type": "integer", "minimum": 1},
 }
+# Every error status an endpoint can answer, with the contract's codes.
+_ERRORS: dict[int, dict[str, Any]] = {
+    400: {"description": "Malformed id, cursor or JSON, or conflicting input (`bad_request`)"},
+    401: {
+        "description": "Missing or invalid access token (`unauthorized`)",
+        "headers": {"WWW-Authenticate": {"schema": {"type": "string", "enum": ["Bearer"]}}},
+    },
+    404: {"description": "Not found, also another user's session (`session_not_found`)"},
+    409: {
+        "description": "The resource changed meanwhile (`conflict`)",
+        "headers": {"Retry-After": _RETRY_AFTER},
+    },
+    413: {"description": "Request body over 1 MB, or text over its limit (`payload_too_large`)"},
+    422: {"description": "A field failed validation (`validation_error`)"},
+    429: {
+        "description": "Too many chat messages (`rate_limited`)",
+        "headers": {"Retry-After": {**_RETRY_AFTER, "required": True}},
+    },
+    502: {"description": "The model provider failed; nothing stored (`model_upstream_error`)"},
+    503: {
+        "description": "Database or sign-in keys unreachable"
+        " (`database_unavailable`, `auth_unavailable`)",
+        "headers": {"Retry-After": _RETRY_AFTER},
+    },
+    504: {"description": "The model took too long; nothing stored (`model_timeout`)"},
+}
+
+
+def error_responses(*statuses: int, descriptions: dict[int, str] | None = None) -> Responses:
+    """OpenAPI `responses` for an authenticated endpoint: the given error
+    statuses plus the 401 and 503 every such endpoint can answer, each with
+    the ErrorOut schema; `descriptions` says more where an endpoint can."""
+    responses: Responses = {}
+    for status in sorted({*statuses, 401, 503}):
+        responses[status] = {"model": ErrorOut, **_ERRORS[status]}
+        if descriptions and status in descriptions:
+            responses[status]["description"] = descriptions[status]
+    return responses
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok", "degraded"]
+    database: Literal["ok", "unreachable"]
 
 
 # ------------------------------------------------- clear, sessions, memory, account
@@ -107,7 +183,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 class ClearSessionBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    session_id: str | None = Field(
+    session_id: UuidText | None = Field(
         default=None, description="UUID; null: the active session of agent_name."
     )
     agent_name: str = AgentName
@@ -135,18 +211,13 @@ class NotesBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     agent_name: str = AgentName
-    notes: str = Field(description="The whole new text, at most LTM_MAX_CHARS.")
+    notes: StoredText = Field(description="The whole new text, at most LTM_MAX_CHARS.")
     expected_version: int | None = Field(
-        default=None, ge=0, description="Only replace if the notes are still at this version."
+        default=None,
+        ge=0,
+        le=INT4_MAX,
+        description="Only replace if the notes are still at this version.",
     )
-
-    @field_validator("notes")
-    @classmethod
-    def _no_nul(cls, value: str) -> str:
-        # PostgreSQL text cannot hold U+0000.
-        if "\x00" in value:
-            raise ValueError("must not contain the NUL character (U+0000)")
-        return value
 
 
 class NotesDeleted(BaseModel):

@@ -1,7 +1,9 @@
 """What the app holds for its lifetime: settings, database, verifier, model.
 
 Created once per process (a warm Lambda instance reuses all of it); nothing
-here does I/O until a request needs it.
+here does I/O until a request needs it. The model client and the chat use
+case exist only where the chat routes are served (ROUTE_GROUPS): the
+sessions and export functions have no model key and never build them.
 """
 
 from __future__ import annotations
@@ -20,26 +22,31 @@ class AppState:
     settings: Settings
     db: Database
     verifier: TokenVerifier
-    model: ModelClient
-    chat: ChatService
+    model: ModelClient | None = None
+    chat_service: ChatService | None = None
+
+    @property
+    def chat(self) -> ChatService:
+        """The chat use case; only a process that serves chat has one."""
+        if self.chat_service is None:
+            raise RuntimeError("this process does not serve the chat routes (ROUTE_GROUPS)")
+        return self.chat_service
 
     @classmethod
     def build(cls, settings: Settings) -> AppState:
         db = Database(settings.database_url, settings.db_max_connections)
-        http_client = None
-        if settings.offline_model:
-            from memchat.model import offline
+        state = cls(settings=settings, db=db, verifier=TokenVerifier(settings))
+        if settings.serves("chat"):
+            http_client = None
+            if settings.offline_model:
+                from memchat.model import offline
 
-            http_client = offline.http_client()
-        model = ModelClient(settings, http_client=http_client)
-        return cls(
-            settings=settings,
-            db=db,
-            verifier=TokenVerifier(settings),
-            model=model,
-            chat=ChatService(db=db, model=model, settings=settings),
-        )
+                http_client = offline.http_client()
+            state.model = ModelClient(settings, http_client=http_client)
+            state.chat_service = ChatService(db=db, model=state.model, settings=settings)
+        return state
 
     async def close(self) -> None:
         await self.db.close()
-        await self.model.close()
+        if self.model is not None:
+            await self.model.close()

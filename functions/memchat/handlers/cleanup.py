@@ -2,6 +2,9 @@
 
 The event is the schedule's input (see template.yaml); `{"dry_run": true}`
 only counts. The run stops in time to return before the function's timeout.
+It reads one secret, its own DATABASE_URL: deployed, the pooler URL of the
+`memchat_cleanup` role, which can see and delete only expired sessions
+(docs/deploy.md, "Database roles"), not the API's.
 """
 
 from __future__ import annotations

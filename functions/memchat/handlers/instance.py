@@ -1,8 +1,9 @@
 """The per-instance set-up both HTTP entry points share.
 
-`build_app()` fetches the secrets, validates the settings (a misconfigured
-function fails here with a message that names the variable), configures the
-logs and builds the app. It runs once per Lambda instance: at import in
+`build_app()` fetches the secrets this function's ROUTE_GROUPS need,
+validates the settings (a misconfigured function fails here with a message
+that names the variable), configures the logs and builds the app with only
+those route groups. It runs once per Lambda instance: at import in
 `memchat.handlers.http` (mangum, behind API Gateway) and at start-up in
 `memchat.handlers.stream` (uvicorn, behind the Lambda Web Adapter). Importing
 this module does nothing by itself.
@@ -23,5 +24,6 @@ def build_app() -> FastAPI:
     settings = secrets.load_settings()
     observability.configure(settings.log_level)
     app = create_app(settings)
-    app.state.memchat.chat.on_turn = observability.record_turn
+    if settings.serves("chat"):
+        app.state.memchat.chat.on_turn = observability.record_turn
     return app

@@ -12,9 +12,11 @@ request to this server and streams the response back as it is written.
 
 Only the export routes (and /health, the adapter's readiness check) are
 served here: every other route stays behind API Gateway, with its
-throttling and access log, and answers 404 at the function URL.
+throttling and access log, and answers 404 at the function URL. The
+function's ROUTE_GROUPS=export (template.yaml) also keeps the other routes
+out of the app and the model key out of the function.
 
-    AWS_LWA_PORT=8081 python -m memchat.handlers.stream   # the same, locally
+    ROUTE_GROUPS=export AWS_LWA_PORT=8081 python -m memchat.handlers.stream   # locally
 """
 
 from __future__ import annotations

@@ -13,14 +13,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from memchat import messages, store
-from memchat.errors import UpstreamTimeout
+from memchat.errors import PayloadTooLarge, UpstreamTimeout
 from memchat.model import tools
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from memchat.config import Settings
     from memchat.db import Database
@@ -41,6 +41,14 @@ NO_ROUNDS_LEFT = (
 )
 _MAX_NOTE_RETRIES = 3
 _TITLE_CHARS = 80
+# A turn's claim on its client_message_id outlives its deadline by this much,
+# so it is recorded before the claim can expire; a crashed turn's claim
+# expires then too.
+_CLAIM_MARGIN_SECONDS = 10.0
+# A retry of a turn in flight polls for the stored answer, backing off.
+_IN_FLIGHT_FIRST_PAUSE = 0.05
+_IN_FLIGHT_MAX_PAUSE = 1.0
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -75,6 +83,7 @@ class ChatService:
     # Called with every answered turn (metrics: timings, tokens); a failing
     # observer is logged and never fails the turn.
     on_turn: Callable[[ChatResult], None] | None = None
+    _ttl_warned: bool = field(default=False, init=False, repr=False)
 
     async def run(self, caller: store.Caller, request: ChatRequest) -> ChatResult:
         result = await self._run(caller, request)
@@ -86,88 +95,111 @@ class ChatService:
         return result
 
     async def _run(self, caller: store.Caller, request: ChatRequest) -> ChatResult:
+        deadline = asyncio.get_running_loop().time() + self.settings.turn_timeout_seconds
         if not (self.settings.memory_enabled and request.use_memory):
-            return await self._run_without_memory(caller, request)
-        window = request.max_history_messages or self.settings.memory_max_history_messages
+            return await self._run_without_memory(caller, request, deadline)
         started = time.perf_counter()
-        context = await store.load_context(
-            self.db,
-            caller,
-            session_id=request.session_id,
-            agent_name=request.agent_name,
-            window=window,
-            client_message_id=request.client_message_id,
-        )
+        context = await self._load(caller, request, deadline)
         retrieval_ms = (time.perf_counter() - started) * 1000
         if context.replay is not None:
             return _replayed(context, retrieval_ms)
+        try:
+            return await self._answer(caller, request, context, deadline, retrieval_ms)
+        except BaseException:
+            if context.claimed and request.client_message_id:
+                await self._release_claim(caller, request.client_message_id)
+            raise
 
+    @property
+    def _throttle(self) -> store.Throttle:
+        return store.Throttle(self.settings.chat_rate_per_minute, self.settings.chat_rate_burst)
+
+    async def _load(
+        self, caller: store.Caller, request: ChatRequest, deadline: float
+    ) -> store.Context:
+        """The turn's context; while another request answers the same
+        client_message_id, wait (up to the turn's deadline) for its answer."""
+        loop = asyncio.get_running_loop()
+        pause = _IN_FLIGHT_FIRST_PAUSE
+        while True:
+            try:
+                return await store.load_context(
+                    self.db,
+                    caller,
+                    session_id=request.session_id,
+                    agent_name=request.agent_name,
+                    window=request.max_history_messages
+                    or self.settings.memory_max_history_messages,
+                    client_message_id=request.client_message_id,
+                    message=request.message,
+                    throttle=self._throttle,
+                    claim_seconds=self.settings.turn_timeout_seconds + _CLAIM_MARGIN_SECONDS,
+                )
+            except store.TurnInFlight:
+                if loop.time() + pause > deadline:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _IN_FLIGHT_MAX_PAUSE)
+
+    async def _answer(
+        self,
+        caller: store.Caller,
+        request: ChatRequest,
+        context: store.Context,
+        deadline: float,
+        retrieval_ms: float,
+    ) -> ChatResult:
+        """Run the model on the loaded context and store the turn."""
+        limits = context.limits
+        assert limits is not None
+        if len(request.message) > limits.max_message_chars:
+            raise PayloadTooLarge(
+                f"message is {len(request.message)} characters;"
+                f" the limit is {limits.max_message_chars}."
+            )
         session_id = context.session.id if context.session else request.session_id or uuid.uuid4()
         agent_name = context.session.agent_name if context.session else request.agent_name
         notes = context.notes or store.Notes(agent_name, "", 0, None)
         history, truncated = self._fit(context.messages)
-
-        prompt = [{"role": "system", "content": self.system_prompt}]
-        if notes.notes:
-            prompt.append({"role": "system", "content": f"{NOTES_PREAMBLE}\n{notes.notes}"})
-        prompt.extend(history)
-        prompt.append({"role": "user", "content": request.message})
+        prompt = self._prompt(notes.notes, history, request.message)
 
         model_started = time.perf_counter()
-        budget = self.settings.turn_timeout_seconds
-        try:
-            async with asyncio.timeout(budget):
-                outcome = await self._converse(prompt, notes.notes)
-        except TimeoutError:
-            raise UpstreamTimeout(
-                f"The model did not finish the turn within {budget:g} s; nothing was stored."
-            ) from None
+        notes_limit = min(self.settings.ltm_max_chars, limits.max_notes_chars)
+        outcome = await self._with_deadline(deadline, self._converse(prompt, notes, notes_limit))
         model_ms = (time.perf_counter() - model_started) * 1000
 
-        stored = [messages.human(request.message), *outcome.messages]
         turn = store.Turn(
             session_id=session_id,
             agent_name=agent_name,
-            messages=stored,
+            messages=[messages.human(request.message), *outcome.messages],
             title=_title(request.message),
-            ttl=timedelta(hours=self.settings.session_ttl_hours),
+            ttl=self._ttl(limits),
             client_message_id=request.client_message_id,
             notes=outcome.notes if outcome.edits else None,
             notes_version=notes.version,
+            new_session=context.session is None and request.session_id is None,
         )
         record_started = time.perf_counter()
         try:
-            session = await self._record(caller, turn, outcome.edits)
+            session = await self._record(caller, turn, outcome.edits, notes_limit)
         except store.DuplicateClientMessage:
             # A concurrent retry with the same client_message_id was stored first.
-            context = await store.load_context(
-                self.db,
-                caller,
-                session_id=session_id,
-                agent_name=agent_name,
-                window=1,
-                read_notes=False,
-                client_message_id=request.client_message_id,
-            )
-            if context.replay is None:
-                raise
-            return _replayed(context, retrieval_ms)
+            return await self._stored_answer(caller, request, session_id, retrieval_ms)
         record_ms = (time.perf_counter() - record_started) * 1000
+        timings = {"retrieval_ms": retrieval_ms, "model_ms": model_ms, "record_ms": record_ms}
         logger.info(
             "chat turn stored",
             extra={
-                "session_id": str(session_id),
+                "session_id": str(session.id),
                 "agent_name": agent_name,
-                "messages_stored": len(stored),
+                "messages_stored": len(turn.messages),
                 "tool_rounds": outcome.rounds,
-                "retrieval_ms": round(retrieval_ms, 2),
-                "model_ms": round(model_ms, 2),
-                "record_ms": round(record_ms, 2),
+                **{key: round(value, 2) for key, value in timings.items()},
             },
         )
         return ChatResult(
             answer=outcome.answer,
-            session_id=session_id,
+            session_id=session.id,
             agent_name=agent_name,
             model=outcome.model,
             usage=outcome.usage,
@@ -180,12 +212,76 @@ class ChatService:
                 truncated=truncated,
             ),
             session=session,
-            timings={"retrieval_ms": retrieval_ms, "model_ms": model_ms, "record_ms": record_ms},
+            timings=timings,
         )
 
-    async def _run_without_memory(self, caller: store.Caller, request: ChatRequest) -> ChatResult:
-        # Nothing is read into the prompt, but a deleted account is refused (401)
-        # and another user's session id is still a 404.
+    def _prompt(
+        self, notes: str, history: list[dict[str, Any]], message: str
+    ) -> list[dict[str, Any]]:
+        prompt = [{"role": "system", "content": self.system_prompt}]
+        if notes:
+            prompt.append({"role": "system", "content": f"{NOTES_PREAMBLE}\n{notes}"})
+        prompt.extend(history)
+        prompt.append({"role": "user", "content": message})
+        return prompt
+
+    def _ttl(self, limits: store.Limits) -> timedelta:
+        """SESSION_TTL_HOURS, within the database's maximum (which would clamp it anyway)."""
+        ttl = timedelta(hours=self.settings.session_ttl_hours)
+        if ttl > limits.max_session_ttl:
+            if not self._ttl_warned:
+                self._ttl_warned = True
+                logger.warning(
+                    "SESSION_TTL_HOURS is above the database's maximum session TTL;"
+                    " sessions expire after the maximum (raise memchat.limits.max_session_ttl)",
+                    extra={
+                        "session_ttl_hours": self.settings.session_ttl_hours,
+                        "max_session_ttl_hours": limits.max_session_ttl.total_seconds() / 3600,
+                    },
+                )
+            return limits.max_session_ttl
+        return ttl
+
+    async def _with_deadline(self, deadline: float, work: Awaitable[_T]) -> _T:
+        """`work`, or 504 when the turn's deadline passes first (nothing is stored)."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await work
+        except TimeoutError:
+            budget = self.settings.turn_timeout_seconds
+            raise UpstreamTimeout(
+                f"The model did not finish the turn within {budget:g} s; nothing was stored."
+            ) from None
+
+    async def _stored_answer(
+        self, caller: store.Caller, request: ChatRequest, session_id: uuid.UUID, ms: float
+    ) -> ChatResult:
+        context = await store.load_context(
+            self.db,
+            caller,
+            session_id=session_id,
+            agent_name=request.agent_name,
+            window=1,
+            read_notes=False,
+            client_message_id=request.client_message_id,
+            message=request.message,
+        )
+        if context.replay is None:
+            raise store.DuplicateClientMessage()
+        return _replayed(context, ms)
+
+    async def _release_claim(self, caller: store.Caller, client_message_id: str) -> None:
+        """Let a retry of a failed turn run at once (else the claim just expires)."""
+        try:
+            await asyncio.shield(store.release_claim(self.db, caller, client_message_id))
+        except Exception:
+            logger.warning("could not release a turn claim; it expires on its own")
+
+    async def _run_without_memory(
+        self, caller: store.Caller, request: ChatRequest, deadline: float
+    ) -> ChatResult:
+        # Nothing is read into the prompt, but a deleted account is refused (401),
+        # another user's session id is still a 404, and the throttle applies.
         await store.load_context(
             self.db,
             caller,
@@ -193,13 +289,14 @@ class ChatService:
             agent_name=request.agent_name,
             window=0,
             read_notes=False,
+            throttle=self._throttle,
         )
         prompt = [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": request.message},
         ]
         started = time.perf_counter()
-        completion = await self.model.complete(prompt)
+        completion = await self._with_deadline(deadline, self.model.complete(prompt))
         return ChatResult(
             answer=completion.content,
             session_id=request.session_id or uuid.uuid4(),
@@ -225,8 +322,10 @@ class ChatService:
         kept.reverse()
         return kept, len(kept) < len(converted)
 
-    async def _converse(self, prompt: list[dict[str, Any]], current_notes: str) -> _Outcome:
-        outcome = _Outcome(notes=current_notes, model=self.model.model)
+    async def _converse(
+        self, prompt: list[dict[str, Any]], notes: store.Notes, notes_limit: int
+    ) -> _Outcome:
+        outcome = _Outcome(notes=notes.notes, model=self.model.model, notes_limit=notes_limit)
         rounds = self.settings.max_tool_rounds
         for round_number in range(rounds + 1):
             completion = await self.model.complete(
@@ -279,14 +378,18 @@ class ChatService:
             arguments = call.parsed()
         except ValueError:
             return "error: arguments must be a JSON object"
-        result, edit = tools.run(arguments, outcome.notes, self.settings.ltm_max_chars)
+        result, edit = tools.run(arguments, outcome.notes, outcome.notes_limit)
         if edit is not None:
             outcome.notes = edit.apply(outcome.notes)
             outcome.edits.append(edit)
         return result
 
     async def _record(
-        self, caller: store.Caller, turn: store.Turn, edits: list[tools.NoteEdit]
+        self,
+        caller: store.Caller,
+        turn: store.Turn,
+        edits: list[tools.NoteEdit],
+        notes_limit: int,
     ) -> store.SessionInfo:
         """Store the turn; if the notes moved meanwhile, replay our edits on the new ones."""
         for attempt in range(_MAX_NOTE_RETRIES + 1):
@@ -302,7 +405,7 @@ class ChatService:
                         text = edit.apply(text)
                     except ValueError:
                         continue  # e.g. the section it deleted is already gone
-                turn.notes = text[: self.settings.ltm_max_chars]
+                turn.notes = text[:notes_limit]
                 turn.notes_version = latest.version
         raise AssertionError("unreachable")
 
@@ -311,6 +414,7 @@ class ChatService:
 class _Outcome:
     notes: str
     model: str
+    notes_limit: int
     answer: str = ""
     rounds: int = 0
     messages: list[dict[str, Any]] = field(default_factory=list)

@@ -124,6 +124,7 @@ def run_cleanup(
             sessions, messages = store.count_expired(conn)
             finished = True
         else:
+            store.purge_expired_claims(conn)
             slowest = 0.0
             while seconds_left() > SLOWEST_BATCH_FACTOR * slowest:
                 began = clock()

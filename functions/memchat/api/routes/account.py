@@ -6,12 +6,12 @@ from fastapi import APIRouter
 
 from memchat import store
 from memchat.api.deps import CurrentUser, State
-from memchat.api.schemas import ERROR_RESPONSES, AccountDeleted, DeletedCounts
+from memchat.api.schemas import AccountDeleted, DeletedCounts, error_responses
 
 router = APIRouter(tags=["account"])
 
 
-@router.delete("/me", response_model=AccountDeleted, responses=ERROR_RESPONSES)
+@router.delete("/me", response_model=AccountDeleted, responses=error_responses())
 async def delete_me(caller: CurrentUser, state: State) -> AccountDeleted:
     """Delete all of the caller's sessions, messages, active pointers and notes at once."""
     counts = await store.delete_user_data(state.db, caller)

@@ -8,12 +8,13 @@ from fastapi import APIRouter, Header, Response
 
 from memchat.api.deps import CurrentUser, State
 from memchat.api.schemas import (
-    ERROR_RESPONSES,
     ChatBody,
     ChatResponse,
     MemoryInfo,
     SessionMeta,
     Usage,
+    UuidHeader,
+    error_responses,
     parse_session_id,
 )
 from memchat.errors import BadRequest, PayloadTooLarge
@@ -21,21 +22,44 @@ from memchat.usecases.chat import ChatRequest
 
 router = APIRouter(tags=["chat"])
 
-_CHAT_ERRORS = {
-    **ERROR_RESPONSES,
-    413: ERROR_RESPONSES[400] | {"description": "Message too large"},
-    502: ERROR_RESPONSES[400] | {"description": "Model provider failed; nothing stored"},
-    504: ERROR_RESPONSES[400] | {"description": "Model timed out; nothing stored"},
+_CHAT_RESPONSES = {
+    200: {
+        "description": "The answer",
+        "headers": {
+            "X-Session-ID": {
+                "description": "The session the turn was stored in.",
+                "schema": {"type": "string", "format": "uuid"},
+            }
+        },
+    },
+    **error_responses(
+        400,
+        404,
+        409,
+        413,
+        422,
+        429,
+        502,
+        504,
+        descriptions={
+            409: "This client_message_id was used with another message"
+            " (`idempotency_conflict`) or is still being answered (`idempotency_in_flight`,"
+            " with Retry-After)",
+            413: "Message over MAX_MESSAGE_CHARS, or body over 1 MB (`payload_too_large`)",
+        },
+    ),
 }
 
 
-@router.post("/chat", response_model=ChatResponse, responses=_CHAT_ERRORS)
+@router.post("/chat", response_model=ChatResponse, responses=_CHAT_RESPONSES)
 async def chat(
     body: ChatBody,
     caller: CurrentUser,
     state: State,
     response: Response,
-    x_session_id: Annotated[str | None, Header()] = None,
+    x_session_id: Annotated[
+        UuidHeader, Header(description="The session, as body session_id.")
+    ] = None,
 ) -> ChatResponse:
     """Send a message; the answer sees the conversation so far and the user's notes."""
     limit = state.settings.max_message_chars
@@ -43,10 +67,6 @@ async def chat(
         raise PayloadTooLarge(f"message is {len(body.message)} characters; the limit is {limit}.")
     if not body.message.strip():
         raise BadRequest("message must contain some text.")
-    for name, value in (("message", body.message), ("client_message_id", body.client_message_id)):
-        if value and "\x00" in value:
-            # PostgreSQL cannot store NUL: refuse it before the model is paid for.
-            raise BadRequest(f"{name} must not contain NUL (\\u0000) characters.")
     from_body = parse_session_id(body.session_id)
     from_header = parse_session_id(x_session_id, "X-Session-ID")
     if from_body and from_header and from_body != from_header:

@@ -9,16 +9,20 @@ from fastapi import APIRouter
 from memchat import store
 from memchat.api.deps import CurrentUser, State
 from memchat.api.schemas import (
-    ERROR_RESPONSES,
     ClearSessionBody,
     ClearSessionResponse,
+    error_responses,
     parse_session_id,
 )
 
 router = APIRouter(tags=["chat"])
 
 
-@router.post("/chat/clear-session", response_model=ClearSessionResponse, responses=ERROR_RESPONSES)
+@router.post(
+    "/chat/clear-session",
+    response_model=ClearSessionResponse,
+    responses=error_responses(400, 404, 413, 422),
+)
 async def clear_session(
     body: ClearSessionBody, caller: CurrentUser, state: State
 ) -> ClearSessionResponse:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from fastapi.responses import StreamingResponse
 
 from memchat.api.deps import CurrentUser, State
-from memchat.api.schemas import ERROR_RESPONSES, parse_session_id
+from memchat.api.schemas import UuidText, error_responses, parse_session_id
 from memchat.usecases.export import Export, ExportFormat, export_account, export_session
 
 router = APIRouter(tags=["export"])
@@ -21,14 +21,20 @@ _DOWNLOAD: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "The export, streamed as a download",
         "content": {f.media_type: {} for f in ExportFormat},
-    },
-    **ERROR_RESPONSES,
+    }
 }
 
 
-@router.get("/chat/export/{session_id}", response_class=StreamingResponse, responses=_DOWNLOAD)
+@router.get(
+    "/chat/export/{session_id}",
+    response_class=StreamingResponse,
+    responses={**_DOWNLOAD, **error_responses(400, 404, 422)},
+)
 async def export_one_session(
-    session_id: str, caller: CurrentUser, state: State, fmt: FormatQuery = ExportFormat.JSON
+    session_id: Annotated[UuidText, Path(description="The session's id.")],
+    caller: CurrentUser,
+    state: State,
+    fmt: FormatQuery = ExportFormat.JSON,
 ) -> StreamingResponse:
     """One session with all its messages, oldest first."""
     parsed = parse_session_id(session_id)
@@ -36,7 +42,9 @@ async def export_one_session(
     return _download(await export_session(state.db, caller, parsed, fmt))
 
 
-@router.get("/export", response_class=StreamingResponse, responses=_DOWNLOAD)
+@router.get(
+    "/export", response_class=StreamingResponse, responses={**_DOWNLOAD, **error_responses(422)}
+)
 async def export_everything(
     caller: CurrentUser, state: State, fmt: FormatQuery = ExportFormat.JSON
 ) -> StreamingResponse:

@@ -7,18 +7,24 @@ from fastapi.responses import JSONResponse
 
 from memchat import store
 from memchat.api.deps import State
+from memchat.api.schemas import HealthOut
 from memchat.errors import DatabaseUnavailable
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/health")
-async def health(state: State) -> JSONResponse:
+@router.get(
+    "/health",
+    response_model=HealthOut,
+    responses={503: {"model": HealthOut, "description": "The database is unreachable"}},
+)
+async def health(state: State) -> HealthOut | JSONResponse:
     """`{"status": "ok", "database": "ok"}`, or 503 when the database is unreachable."""
     try:
         ok = await store.database_ok(state.db)
     except DatabaseUnavailable:
         ok = False
     if ok:
-        return JSONResponse({"status": "ok", "database": "ok"})
-    return JSONResponse({"status": "degraded", "database": "unreachable"}, status_code=503)
+        return HealthOut(status="ok", database="ok")
+    degraded = HealthOut(status="degraded", database="unreachable")
+    return JSONResponse(degraded.model_dump(), status_code=503)

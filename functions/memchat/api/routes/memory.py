@@ -6,19 +6,25 @@ from fastapi import APIRouter
 
 from memchat import store
 from memchat.api.deps import AgentQuery, CurrentUser, State
-from memchat.api.schemas import ERROR_RESPONSES, NotesBody, NotesDeleted, NotesOut
+from memchat.api.schemas import NotesBody, NotesDeleted, NotesOut, error_responses
 from memchat.errors import PayloadTooLarge
 
 router = APIRouter(tags=["memory"])
 
-_PUT_ERRORS = {
-    **ERROR_RESPONSES,
-    409: ERROR_RESPONSES[400] | {"description": "expected_version is not the current version"},
-    413: ERROR_RESPONSES[400] | {"description": "Notes longer than LTM_MAX_CHARS"},
-}
+_PUT_ERRORS = error_responses(
+    400,
+    409,
+    413,
+    422,
+    descriptions={
+        400: "The body is not valid JSON (`invalid_json`)",
+        409: "expected_version is not the current version (`notes_conflict`)",
+        413: "Notes longer than LTM_MAX_CHARS, or body over 1 MB (`payload_too_large`)",
+    },
+)
 
 
-@router.get("/memory", response_model=NotesOut, responses=ERROR_RESPONSES)
+@router.get("/memory", response_model=NotesOut, responses=error_responses(422))
 async def read_memory(
     caller: CurrentUser, state: State, agent_name: AgentQuery = "default"
 ) -> NotesOut:
@@ -38,7 +44,7 @@ async def replace_memory(body: NotesBody, caller: CurrentUser, state: State) -> 
     return _out(notes)
 
 
-@router.delete("/memory", response_model=NotesDeleted, responses=ERROR_RESPONSES)
+@router.delete("/memory", response_model=NotesDeleted, responses=error_responses(422))
 async def delete_memory(
     caller: CurrentUser, state: State, agent_name: AgentQuery = "default"
 ) -> NotesDeleted:

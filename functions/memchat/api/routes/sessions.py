@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query
 
 from memchat import store
 from memchat.api.deps import AgentQuery, CurrentUser, State
-from memchat.api.schemas import ERROR_RESPONSES, SessionOut, SessionPage
+from memchat.api.schemas import SessionOut, SessionPage, error_responses
 from memchat.config import AGENT_NAME_PATTERN
 from memchat.errors import BadRequest, SessionNotFound
 
@@ -22,7 +22,7 @@ router = APIRouter(tags=["sessions"])
 BAD_CURSOR = "cursor is not valid; pass next_cursor from the previous page as it is."
 
 
-@router.get("/sessions", response_model=SessionPage, responses=ERROR_RESPONSES)
+@router.get("/sessions", response_model=SessionPage, responses=error_responses(400, 422))
 async def list_sessions(
     caller: CurrentUser,
     state: State,
@@ -47,7 +47,7 @@ async def list_sessions(
     )
 
 
-@router.get("/sessions/active", response_model=SessionOut, responses=ERROR_RESPONSES)
+@router.get("/sessions/active", response_model=SessionOut, responses=error_responses(404, 422))
 async def active_session(
     caller: CurrentUser, state: State, agent_name: AgentQuery = "default"
 ) -> SessionOut:
