@@ -351,6 +351,13 @@ begin
     end if;
   end if;
 
+  if p_rate_per_minute > 0 or p_client_message_id is not null then
+    -- What this transaction writes (a throttle token, a turn claim) may be
+    -- lost in a server crash without harm, so its commit does not wait for
+    -- the WAL flush: the turn's first round trip stays a read's.
+    perform set_config('synchronous_commit', 'off', true);
+  end if;
+
   if p_rate_per_minute > 0 then
     v_retry := memchat.take_chat_token(p_rate_per_minute, p_rate_burst);
     if v_retry > 0 then

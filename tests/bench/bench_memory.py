@@ -3,14 +3,16 @@
 Run on demand (pytest does not collect `bench_*.py`):
 
     python tests/bench/bench_memory.py [--iterations 200] [--warmup 20]
-        [--sizes 10,1000,10000] [--latency-ms 0,1,2]
+        [--sizes 10,1000,10000] [--latency-ms 0,1,2] [--throttle]
 
 One turn's memory work, timed end to end on the client:
 
 - memchat:   `store.load_context` (window 10) then `store.record_turn` (a
   human + ai pair): one `memchat.db.Database(url, max_connections=1)`, one
-  event loop, each call one pipelined round trip running as `authenticated`
-  under row-level security.
+  event loop, each call one pipelined round trip running as `memchat_user`
+  under row-level security. With `--throttle`, load_context also takes a
+  token from the user's bucket (a write; the API does this on every turn),
+  with a bucket that never runs dry.
 - langchain: `PostgresChatMessageHistory.get_messages()` then
   `add_messages([HumanMessage, AIMessage])` with the sync API on one psycopg
   connection, on its own table (`create_tables`) in the same database.
@@ -60,6 +62,8 @@ from tests.bench import _common as common
 
 AGENT = "default"
 WINDOW = 10
+# A bucket that never runs dry: the benchmark measures the write, not refusals.
+THROTTLE = store.Throttle(per_minute=1e9, burst=1_000_000)
 TTL = timedelta(days=7)
 LANGCHAIN_TABLE = "bench_langchain_message_history"
 DEFAULT_SIZES = (10, 1_000, 10_000)
@@ -143,7 +147,7 @@ def fill_memchat(
         admin.execute(
             "insert into public.chat_sessions"
             " (id, user_id, agent_name, title, message_count, expires_at)"
-            " values (%s, %s, %s, 'benchmark', %s, now() + interval '30 days')",
+            " values (%s, %s, %s, 'benchmark', %s, now() + interval '1 day')",
             (sid, caller.user_id, AGENT, size),
         )
         admin.execute(
@@ -212,11 +216,12 @@ async def memchat_turn(
     human: dict[str, Any],
     ai: dict[str, Any],
     count: Callable[[], int],
+    throttle: store.Throttle = store.NO_THROTTLE,
 ) -> Marks:
     c0 = count()
     t0 = perf_counter_ns()
     ctx = await store.load_context(
-        db, s.caller, session_id=s.memchat_id, agent_name=AGENT, window=WINDOW
+        db, s.caller, session_id=s.memchat_id, agent_name=AGENT, window=WINDOW, throttle=throttle
     )
     t1 = perf_counter_ns()
     c1 = count()
@@ -503,7 +508,12 @@ async def run(args: argparse.Namespace) -> int:
                         for side in sides:
                             if side == "memchat":
                                 marks = await memchat_turn(
-                                    db=r.db, s=s, human=mc_human, ai=mc_ai, count=r.count
+                                    db=r.db,
+                                    s=s,
+                                    human=mc_human,
+                                    ai=mc_ai,
+                                    count=r.count,
+                                    throttle=THROTTLE if args.throttle else store.NO_THROTTLE,
                                 )
                                 samples = r.memchat[k]
                             else:
@@ -555,6 +565,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="MS[,MS...]",
         help="also run both sides through a local TCP proxy adding MS of round-trip time"
         " (MS/2 each way), once per value; repeatable, e.g. 0,1,2",
+    )
+    parser.add_argument(
+        "--throttle",
+        action="store_true",
+        help="memchat turns take a throttle token too, as the API's do (a write per load)",
     )
     parser.add_argument(
         "--no-cleanup",
