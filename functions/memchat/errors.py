@@ -62,6 +62,20 @@ class IdempotencyConflict(Conflict):
     )
 
 
+class IdempotencyInFlight(Conflict):
+    """The same client_message_id is being answered by another request."""
+
+    code = "idempotency_in_flight"
+    detail = (
+        "A request with this client_message_id is still being answered;"
+        " retry shortly to get its answer."
+    )
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": "1"}
+
+
 class PayloadTooLarge(MemchatError):
     status, code = 413, "payload_too_large"
     detail = "The request is too large."

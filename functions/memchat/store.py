@@ -24,6 +24,7 @@ from memchat.db import Database
 from memchat.errors import (
     Conflict,
     IdempotencyConflict,
+    IdempotencyInFlight,
     InvalidInput,
     PayloadTooLarge,
     RateLimited,
@@ -156,20 +157,6 @@ class DuplicateClientMessage(Conflict):
     """A concurrent request with the same client_message_id won the race."""
 
 
-class TurnInFlight(Conflict):
-    """The same client_message_id is being answered by another request."""
-
-    code = "idempotency_in_flight"
-    detail = (
-        "A request with this client_message_id is still being answered;"
-        " retry shortly to get its answer."
-    )
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Retry-After": "1"}
-
-
 def _translate(exc: psycopg.Error) -> Exception:
     if exc.sqlstate == NOTES_CONFLICT_SQLSTATE:
         return NotesConflict()
@@ -215,7 +202,7 @@ async def load_context(
 
     Raises SessionNotFound when `session_id` is another user's,
     IdempotencyConflict when the key was used with another `message`,
-    TurnInFlight while another request answers the same key, RateLimited
+    IdempotencyInFlight while another request answers the same key, RateLimited
     when the caller is out of tokens.
     """
     args = (
@@ -241,8 +228,10 @@ async def load_context(
     result = row[0]
     if result.get("taken"):
         raise SessionNotFound()
-    if "idempotency" in result:
-        raise TurnInFlight() if result["idempotency"] == "in_flight" else IdempotencyConflict()
+    if result.get("idempotency") == "in_flight":
+        raise IdempotencyInFlight()
+    if result.get("idempotency") == "conflict":
+        raise IdempotencyConflict()
     if "throttled" in result:
         raise RateLimited(float(result["throttled"]))
     session = result["session"]

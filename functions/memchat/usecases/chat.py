@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from memchat import messages, store
-from memchat.errors import PayloadTooLarge, UpstreamTimeout
+from memchat.errors import IdempotencyInFlight, PayloadTooLarge, UpstreamTimeout
 from memchat.model import tools
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ class ChatService:
                     throttle=self._throttle,
                     claim_seconds=self.settings.turn_timeout_seconds + _CLAIM_MARGIN_SECONDS,
                 )
-            except store.TurnInFlight:
+            except IdempotencyInFlight:
                 if loop.time() + pause > deadline:
                     raise
                 await asyncio.sleep(pause)
