@@ -129,6 +129,18 @@ class Settings(BaseSettings):
     memory_enabled: bool = True
     memory_max_history_messages: int = Field(default=10, ge=1, le=50)
     memory_max_context_chars: int = Field(default=24000, ge=1000)
+    # What memory may add to a prompt (notes, recalled exchanges, the window),
+    # counted with the model's tokenizer (memchat.model.tokens).
+    memory_max_context_tokens: int = Field(default=4000, ge=100, le=1_000_000)
+    # Recall: earlier user messages of the same agent, found by meaning.
+    memory_recall_k: int = Field(default=3, ge=0, le=10)
+    # Cosine similarity below which a recalled message is dropped.
+    memory_recall_min_score: float = Field(default=0.3, ge=-1, le=1)
+    openai_embedding_model: str = Field(default="text-embedding-3-small", min_length=1)
+    # The stored column's size (migration *_recall.sql: vector(512)); checked at start.
+    embedding_dimensions: int = Field(default=512, ge=1, le=16000)
+    # An embedding slower than this is given up: the turn answers without recall.
+    embedding_timeout_seconds: float = Field(default=2.0, gt=0, le=60)
     session_ttl_hours: float = Field(default=168, gt=0)
     cleanup_batch_size: int = Field(default=1000, ge=1, le=100000)
     max_message_chars: int = Field(default=16000, ge=1)

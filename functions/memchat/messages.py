@@ -95,3 +95,15 @@ def to_openai(message: dict[str, Any]) -> dict[str, Any] | None:
     if role in ("user", "assistant", "system"):
         return {"role": role, "content": text_of(message)}
     return None
+
+
+# ------------------------------------------------------------ the prompt
+
+NOTES_PREAMBLE = "Long-term notes about this user (curated by you across conversations):"
+# Recalled exchanges: one system message after the notes, before the window.
+# Each exchange is `[<date> · conversation "<title>" · <id prefix>]`, then a
+# `User: ...` line and, when there was an answer, an `Assistant: ...` line.
+RECALL_PREAMBLE = (
+    "Earlier conversations with this user that may be relevant (recalled by meaning;"
+    " they are not part of this conversation):"
+)

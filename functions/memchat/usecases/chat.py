@@ -35,7 +35,7 @@ DEFAULT_SYSTEM_PROMPT = (
     "you to remember or forget something, update your notes with the "
     "manage_long_term_memory tool. Do not store secrets or one-off details."
 )
-NOTES_PREAMBLE = "Long-term notes about this user (curated by you across conversations):"
+NOTES_PREAMBLE = messages.NOTES_PREAMBLE
 NO_ROUNDS_LEFT = (
     "I ran out of steps while updating my notes and could not finish my answer; please ask again."
 )
