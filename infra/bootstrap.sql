@@ -20,6 +20,10 @@ $$;
 -- The connecting role switches to these per request, as PostgREST does.
 grant anon, authenticated, service_role to current_user;
 
+-- Supabase installs extensions (pgvector among them) into `extensions`.
+create schema if not exists extensions;
+grant usage on schema extensions to anon, authenticated, service_role;
+
 create schema if not exists auth;
 grant usage on schema auth to anon, authenticated, service_role;
 

@@ -125,6 +125,11 @@ def cmd_dev(args: argparse.Namespace) -> int:
     from memchat.api.main import create_app
 
     app = create_app(settings)
+    try:
+        app.state.memchat.chat.recall.check_at_start()
+    except ConfigError as exc:
+        _err(str(exc))
+        return 2
     _add_chat_page(app)
     page_token = mint_local_token(None, DEFAULT_EMAIL, 3600 * 12)
     base = f"http://{args.host}:{args.port}"

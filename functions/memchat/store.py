@@ -20,7 +20,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from memchat.db import Database
+from memchat.db import REQUEST_ROLE, Database, connect_kwargs
 from memchat.errors import (
     Conflict,
     IdempotencyConflict,
@@ -145,6 +145,8 @@ class Turn:
     # The caller named no session and had none active: if a concurrent first
     # turn made one active meanwhile, this turn joins it.
     new_session: bool = False
+    # The user message's embedding, stored with it (None: none could be made).
+    embedding: list[float] | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -275,7 +277,9 @@ def _notes_from_json(agent_name: str, row: Mapping[str, Any] | None) -> Notes:
     )
 
 
-RECORD_TURN = "select memchat.record_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+RECORD_TURN = (
+    "select memchat.record_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::extensions.vector)"
+)
 
 _POINT_ACTIVE = """
 insert into public.user_agent_active_sessions as a
@@ -310,6 +314,7 @@ async def record_turn(db: Database, caller: Caller, turn: Turn) -> SessionInfo:
         turn.notes,
         turn.notes_version,
         turn.new_session,
+        vector_literal(turn.embedding),
     )
     try:
         async with db.pipeline(caller.claims) as conn:
@@ -324,6 +329,123 @@ async def record_turn(db: Database, caller: Caller, turn: Turn) -> SessionInfo:
     row = await session_cur.fetchone()
     assert row is not None
     return SessionInfo.from_json(row[0])
+
+
+def vector_literal(vector: list[float] | None) -> str | None:
+    """A vector as pgvector's text form; the SQL casts it (`%s::extensions.vector`)."""
+    if vector is None:
+        return None
+    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+
+
+# ---------------------------------------------------------------- recall
+
+# Similar earlier messages at or above this similarity to a better hit are
+# the same memory said twice: only the better one is recalled.
+COLLAPSE_SIMILARITY = 0.9
+
+RECALL = "select memchat.recall(%s, %s, %s, %s::extensions.vector, %s, %s, %s)"
+
+
+@dataclass(frozen=True)
+class Hit:
+    """An earlier user message recalled by meaning, with the answer it got."""
+
+    message_id: int
+    session_id: uuid.UUID
+    created_at: datetime
+    score: float
+    title: str | None
+    question: str
+    answer: str | None
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> Hit:
+        return cls(
+            message_id=int(row["message_id"]),
+            session_id=uuid.UUID(row["session_id"]),
+            created_at=datetime.fromisoformat(row["created_at"]),
+            score=float(row["score"]),
+            title=row.get("title"),
+            question=row.get("question") or "",
+            answer=row.get("answer"),
+        )
+
+
+def recall_args(
+    *,
+    session_id: uuid.UUID | None,
+    agent_name: str,
+    window: int,
+    query: list[float],
+    k: int,
+    min_score: float,
+) -> tuple[Any, ...]:
+    return (
+        session_id,
+        agent_name,
+        window,
+        vector_literal(query),
+        k,
+        min_score,
+        COLLAPSE_SIMILARITY,
+    )
+
+
+def hits_from_json(rows: list[Mapping[str, Any]]) -> list[Hit]:
+    return [Hit.from_json(row) for row in rows]
+
+
+async def recall(
+    db: Database,
+    caller: Caller,
+    *,
+    session_id: uuid.UUID | None,
+    agent_name: str,
+    window: int,
+    query: list[float],
+    k: int,
+    min_score: float,
+) -> list[Hit]:
+    """The caller's earlier user messages of `agent_name` most like `query`, best
+    first (memchat.recall: live sessions, outside the window of `session_id`,
+    near-duplicates collapsed), each with the answer it got."""
+    args = recall_args(
+        session_id=session_id,
+        agent_name=agent_name,
+        window=window,
+        query=query,
+        k=k,
+        min_score=min_score,
+    )
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(RECALL, args)
+    row = await cur.fetchone()
+    assert row is not None
+    return hits_from_json(row[0])
+
+
+_EMBEDDING_DIMENSIONS = "select memchat.embedding_dimensions()"
+
+
+def embedding_dimensions(conninfo: str) -> int:
+    """The size of the stored embedding column (checked against the settings at start)."""
+    with psycopg.connect(conninfo, **connect_kwargs()) as conn, conn.transaction():
+        conn.execute("select set_config('role', %s, true)", (REQUEST_ROLE,))
+        row = conn.execute(_EMBEDDING_DIMENSIONS).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def stored_embedding_dimensions(db: Database, caller: Caller) -> int:
+    """embedding_dimensions, inside a request (when it could not be checked at start)."""
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(_EMBEDDING_DIMENSIONS)
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 # ------------------------------------------------------ long-term notes

@@ -599,6 +599,10 @@ async def test_use_memory_false_reads_and_stores_nothing(
         "long_term_notes_updated": False,
         "context_truncated": False,
         "retrieval_ms": 0.0,
+        "context_tokens": 0,
+        "recall_ms": 0.0,
+        "recall_status": "disabled",
+        "recalled": [],
     }
     assert body["session"] is None and fresh["session"] is None
     assert body["session_id"] == sid
@@ -661,8 +665,14 @@ async def test_response_shape_is_the_contracts(api: ApiClient, model: FakeOpenAI
         "long_term_notes_updated",
         "context_truncated",
         "retrieval_ms",
+        "context_tokens",
+        "recall_ms",
+        "recall_status",
+        "recalled",
     }
     assert body["memory"]["enabled"] is True
+    assert body["memory"]["recall_status"] == "ok" and body["memory"]["recalled"] == []
+    assert body["memory"]["context_tokens"] == 0  # a first message: nothing to remember yet
     assert isinstance(body["memory"]["retrieval_ms"], float)
     assert body["memory"]["retrieval_ms"] >= 0
     assert set(body["session"]) == {"message_count", "created_at", "last_active_at", "expires_at"}
@@ -809,7 +819,7 @@ async def test_each_answered_turn_is_reported_to_the_observer(
         ("echo: hi", True),
         ("echo: quiet", False),
     ]
-    assert set(seen[0].timings) == {"retrieval_ms", "model_ms", "record_ms"}
+    assert set(seen[0].timings) == {"retrieval_ms", "recall_ms", "model_ms", "record_ms"}
     assert all(v >= 0 for v in seen[0].timings.values())
     assert set(seen[2].timings) == {"model_ms"}
 

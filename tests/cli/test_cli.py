@@ -94,6 +94,21 @@ def test_dev_starts_from_nothing_with_embedded_postgres(tmp_path: Path) -> None:
         assert r.status_code == 200, r.text
         assert r.json()["answer"].startswith("[offline responder")
         assert r.json()["memory"]["long_term_notes_updated"] is True
+        # Recall works offline too: a fact from one session, asked in a new one.
+        bearer = {"Authorization": f"Bearer {token}"}
+        told = httpx.post(
+            f"{url}/chat", json={"message": "my favourite colour is teal"}, headers=bearer
+        )
+        assert told.status_code == 200, told.text
+        asked = httpx.post(
+            f"{url}/chat",
+            json={"message": "what is my favourite colour?", "session_id": str(uuid.uuid4())},
+            headers=bearer,
+            timeout=30,
+        )
+        assert asked.status_code == 200, asked.text
+        assert 'I recall you said: "my favourite colour is teal"' in asked.json()["answer"]
+        assert asked.json()["memory"]["recall_status"] == "ok"
         page = httpx.get(f"{url}/", timeout=5)
         assert page.status_code == 200 and "memchat" in page.text
     finally:

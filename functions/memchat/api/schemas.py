@@ -72,11 +72,24 @@ class ChatBody(BaseModel):
     client_message_id: StoredText | None = Field(
         default=None, min_length=1, max_length=128, description="Idempotency key."
     )
+    recall_k: int | None = Field(
+        default=None,
+        ge=0,
+        le=10,
+        description="Earlier exchanges to recall by meaning (0: none); default MEMORY_RECALL_K.",
+    )
 
 
 class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+
+class RecalledExchange(BaseModel):
+    session_id: str = Field(json_schema_extra={"format": "uuid"})
+    message_id: int = Field(description="The recalled user message (its answer came with it).")
+    score: float = Field(description="Cosine similarity to the new message.")
+    created_at: str
 
 
 class MemoryInfo(BaseModel):
@@ -86,6 +99,12 @@ class MemoryInfo(BaseModel):
     long_term_notes_updated: bool
     context_truncated: bool
     retrieval_ms: float
+    context_tokens: int = Field(
+        description="Tokens memory added to the prompt (notes, recalled exchanges, window)."
+    )
+    recall_ms: float = Field(description="What the turn waited for recall after loading.")
+    recall_status: Literal["ok", "disabled", "failed"]
+    recalled: list[RecalledExchange]
 
 
 class SessionMeta(BaseModel):

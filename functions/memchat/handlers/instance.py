@@ -2,8 +2,9 @@
 
 `build_app()` fetches the secrets this function's ROUTE_GROUPS need,
 validates the settings (a misconfigured function fails here with a message
-that names the variable), configures the logs and builds the app with only
-those route groups. It runs once per Lambda instance: at import in
+that names the variable; so does an EMBEDDING_DIMENSIONS the database's
+embedding column does not have), configures the logs and builds the app with
+only those route groups. It runs once per Lambda instance: at import in
 `memchat.handlers.http` (mangum, behind API Gateway) and at start-up in
 `memchat.handlers.stream` (uvicorn, behind the Lambda Web Adapter). Importing
 this module does nothing by itself.
@@ -25,5 +26,7 @@ def build_app() -> FastAPI:
     observability.configure(settings.log_level)
     app = create_app(settings)
     if settings.serves("chat"):
-        app.state.memchat.chat.on_turn = observability.record_turn
+        chat = app.state.memchat.chat
+        chat.on_turn = observability.record_turn
+        chat.recall.check_at_start()
     return app

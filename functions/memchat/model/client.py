@@ -1,4 +1,4 @@
-"""OpenAI-compatible chat completions with bounded retries and timeouts.
+"""OpenAI-compatible chat completions and embeddings, with bounded retries and timeouts.
 
 The `openai` SDK is imported on first use: it is the heaviest import of the
 chat path and most cold starts never need it before the first request.
@@ -9,10 +9,15 @@ fields of the wrong type) would only fail later, far from here, as a 500.
 The body is therefore read here as plain JSON and every field we use is
 checked: anything unexpected is the provider's failure (502, nothing
 stored). Every string we keep is made storable (see `_storable`).
+
+Embeddings (`ModelClient.embed`, for recall) go through the same client and
+the same reading of the body, but are optional: any failure is
+`EmbeddingUnavailable` and the turn answers without recall.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -32,6 +37,18 @@ logger = logging.getLogger(__name__)
 
 UNREADABLE = "The model provider sent an answer that could not be read; nothing was stored."
 NO_ANSWER = "The model provider returned no answer; nothing was stored."
+
+
+class EmbeddingUnavailable(Exception):
+    """No embedding for this text: the caller answers without recall.
+
+    `reason` says what failed, for logs ("timeout", "HTTP 500", "the provider
+    returned 1536 dimensions, ..."); it never holds the text or the vector.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -67,6 +84,7 @@ class ModelClient:
         self._settings = settings
         self._http_client = http_client
         self._client: AsyncOpenAI | None = None
+        self._embeddings_client: AsyncOpenAI | None = None
 
     def _openai(self) -> AsyncOpenAI:
         if self._client is None:
@@ -81,6 +99,16 @@ class ModelClient:
                 http_client=self._http_client,
             )
         return self._client
+
+    def _embedder(self) -> AsyncOpenAI:
+        """The same client (its HTTP connection pool and key shared), with the
+        embedding's own timeout and no retries: a slow or failing embedding
+        only costs the turn its recall, never a wait for a retry."""
+        if self._embeddings_client is None:
+            self._embeddings_client = self._openai().with_options(
+                timeout=self._settings.embedding_timeout_seconds, max_retries=0
+            )
+        return self._embeddings_client
 
     async def complete(
         self,
@@ -116,7 +144,60 @@ class ModelClient:
             logger.warning("model answer unreadable", extra={"reason": str(exc)})
             raise UpstreamError(UNREADABLE) from None
 
+    async def embed(self, text: str) -> list[float]:
+        """`text`'s embedding: OPENAI_EMBEDDING_MODEL, EMBEDDING_DIMENSIONS floats.
+
+        The vector is L2-normalised (length 1), so the cosine similarity of two
+        of them is their dot product. One request, no retries, and the whole
+        call (connecting, sending, reading the body) bounded by
+        EMBEDDING_TIMEOUT_SECONDS. Every failure is `EmbeddingUnavailable`
+        (logged as a warning with its reason, never the text).
+        """
+        settings = self._settings
+        try:
+            return await self._embedding(_storable(text), settings)
+        except EmbeddingUnavailable as exc:
+            logger.warning("embedding unavailable: %s", exc.reason, extra={"reason": exc.reason})
+            raise
+
+    async def _embedding(self, text: str, settings: Settings) -> list[float]:
+        import openai
+
+        if not text.strip():
+            raise EmbeddingUnavailable("the text is empty")
+        try:
+            # asyncio bounds the whole call: the SDK's timeout is per network
+            # operation, so a server sending its body a byte at a time would
+            # never trip it.
+            async with asyncio.timeout(settings.embedding_timeout_seconds):
+                response = await self._embedder().embeddings.with_raw_response.create(
+                    input=text,
+                    model=settings.openai_embedding_model,
+                    dimensions=settings.embedding_dimensions,
+                    # Plain floats: every OpenAI-compatible server speaks them
+                    # (the SDK would ask for base64 otherwise).
+                    encoding_format="float",
+                )
+                body = response.content
+        except (openai.APITimeoutError, TimeoutError):
+            raise EmbeddingUnavailable(
+                f"timeout after {settings.embedding_timeout_seconds:g} s"
+            ) from None
+        except openai.APIStatusError as exc:
+            raise EmbeddingUnavailable(f"HTTP {exc.status_code}") from None
+        except openai.APIConnectionError:
+            raise EmbeddingUnavailable("connection error") from None
+        except Exception as exc:
+            # Recall is optional: nothing here may fail a turn. Only the type
+            # is kept: an unexpected error's message could quote the text.
+            raise EmbeddingUnavailable(f"unexpected {type(exc).__name__}") from None
+        try:
+            return _embedding(body, settings.embedding_dimensions)
+        except _Unreadable as exc:
+            raise EmbeddingUnavailable(str(exc)) from None
+
     async def close(self) -> None:
+        self._embeddings_client = None  # shares the client's HTTP connections
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -128,11 +209,7 @@ class _Unreadable(Exception):
 
 def _completion(body: bytes, default_model: str) -> Completion:
     """The completion in a 200 response body, every field used checked."""
-    try:
-        data = json.loads(body)  # bytes: UTF-8/16/32 detected; invalid is a ValueError
-    except (ValueError, RecursionError):
-        raise _Unreadable("body is not JSON") from None
-    root = _object(data, "body")
+    root = _object(_json(body), "body")
     choices = root.get("choices")
     if choices is None or choices == []:
         raise UpstreamError(NO_ANSWER)
@@ -143,11 +220,46 @@ def _completion(body: bytes, default_model: str) -> Completion:
     tool_calls = message.get("tool_calls")
     if tool_calls is None:
         tool_calls = []
-    if not isinstance(tool_calls, list):
-        raise _Unreadable("message.tool_calls is not a list")
+    tool_calls = _list(tool_calls, "message.tool_calls")
     calls = [c for c in (_tool_call(item) for item in tool_calls) if c is not None]
     model = _string(root.get("model"), "model", default="") or default_model
     return Completion(content, calls, model, _usage(root.get("usage")))
+
+
+def _embedding(body: bytes, dimensions: int) -> list[float]:
+    """The first embedding in a 200 response body, checked and L2-normalised."""
+    # Imported here, like the SDK: most cold starts never embed.
+    from memchat.model.embeddings import normalised
+
+    root = _object(_json(body), "body")
+    data = _list(root.get("data"), "data")
+    if not data:
+        raise _Unreadable("data is empty")
+    vector = _list(_object(data[0], "data[0]").get("embedding"), "data[0].embedding")
+    if not vector:
+        raise _Unreadable("data[0].embedding is empty")
+    if len(vector) != dimensions:
+        # A provider or model that ignores `dimensions` (or a changed setting).
+        raise _Unreadable(
+            f"the provider returned {len(vector)} dimensions but EMBEDDING_DIMENSIONS is"
+            f" {dimensions} (does OPENAI_EMBEDDING_MODEL honour `dimensions`?)"
+        )
+    values = []
+    for value in vector:
+        # bool is an int in Python, not a coordinate.
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _Unreadable("data[0].embedding holds something other than numbers")
+        try:
+            number = float(value)  # a JSON integer may be too large for a float
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):  # NaN, Infinity, 1e400
+            raise _Unreadable("data[0].embedding holds a non-finite number")
+        values.append(number)
+    unit = normalised(values)
+    if unit is None:
+        raise _Unreadable("data[0].embedding is all zeros")
+    return unit
 
 
 def _tool_call(value: Any) -> ToolCall | None:
@@ -177,6 +289,19 @@ def _usage(value: Any) -> dict[str, int]:
             raise _Unreadable(f"usage.{key} is not a count")
         counts[key] = count
     return counts
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)  # bytes: UTF-8/16/32 detected; invalid is a ValueError
+    except (ValueError, RecursionError):
+        raise _Unreadable("body is not JSON") from None
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _Unreadable(f"{where} is not a list")
+    return value
 
 
 def _object(value: Any, where: str) -> dict[str, Any]:

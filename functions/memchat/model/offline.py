@@ -1,13 +1,20 @@
 """A tiny offline stand-in for an OpenAI-compatible server.
 
 `memchat dev` with no OPENAI_API_KEY answers from this, so a newcomer can
-try the whole flow (sessions, history, long-term notes) with no key. It is
-served through the real `openai` client via an in-process HTTP transport,
-and every answer says that it is the offline responder.
+try the whole flow (sessions, history, long-term notes, recall) with no key.
+It is served through the real `openai` client via an in-process HTTP
+transport, and every answer says that it is the offline responder.
+
+It serves `POST /chat/completions` (an answer built from the prompt: the
+last message, the history, the notes, the first recalled exchange) and
+`POST /embeddings` (the local feature-hashing embedder of
+`memchat.model.embeddings`: it matches shared words, not meaning).
 """
 
 from __future__ import annotations
 
+import array
+import base64
 import json
 import time
 import uuid
@@ -15,7 +22,14 @@ from typing import Any
 
 import httpx2 as httpx  # the HTTP library of the openai SDK (>= 3)
 
+from memchat.messages import NOTES_PREAMBLE, RECALL_PREAMBLE
+from memchat.model.embeddings import local_embedding
+
 LABEL = "[offline responder: set OPENAI_API_KEY for real answers]"
+# text-embedding-3-small's size, when a request does not ask for one.
+DEFAULT_DIMENSIONS = 1536
+MAX_DIMENSIONS = 16000
+_QUOTE_CHARS = 200
 
 
 def _reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -39,16 +53,12 @@ def _reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
             ],
         }
     history = [m for m in messages[:-1] if m.get("role") in ("user", "assistant")]
-    notes = next(
-        (
-            str(m["content"])
-            for m in messages
-            if m.get("role") == "system" and "Long-term notes" in str(m.get("content"))
-        ),
-        "",
-    )
+    notes = _system_message(messages, NOTES_PREAMBLE)
+    recalled = _first_recalled_question(_system_message(messages, RECALL_PREAMBLE))
     earlier = [m["content"] for m in history if m.get("role") == "user"]
     parts = [LABEL, f'You said: "{user_text}".']
+    if recalled:
+        parts.append(f'From an earlier conversation I recall you said: "{recalled}".')
     parts.append(
         f'I remember {len(history)} earlier messages; your last one was "{earlier[-1]}".'
         if earlier
@@ -60,10 +70,86 @@ def _reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
     return {"role": "assistant", "content": " ".join(parts)}
 
 
+def _system_message(messages: list[dict[str, Any]], preamble: str) -> str:
+    """The content of the first system message that starts with `preamble`."""
+    return next(
+        (
+            m["content"]
+            for m in messages
+            if m.get("role") == "system"
+            and isinstance(m.get("content"), str)
+            and m["content"].startswith(preamble)
+        ),
+        "",
+    )
+
+
+def _first_recalled_question(block: str) -> str:
+    """The user's message of the first exchange in a recall block, on one line.
+
+    The block (memchat.messages.RECALL_PREAMBLE) is the preamble, then per
+    exchange a `[<date> · conversation "<title>" · <id>]` line, a `User: ...`
+    line (the message may run over several lines) and maybe an
+    `Assistant: ...` line, exchanges separated by a blank line.
+    """
+    start = block.find("\nUser: ")
+    if start < 0:
+        return ""
+    question = block[start + len("\nUser: ") :]
+    for end in ("\nAssistant: ", "\n\n["):
+        question = question.split(end, 1)[0]
+    question = " ".join(question.split())
+    if len(question) > _QUOTE_CHARS:
+        question = question[: _QUOTE_CHARS - 1].rstrip() + "\u2026"
+    return question
+
+
+def _error(status: int, message: str) -> httpx.Response:
+    return httpx.Response(
+        status, json={"error": {"message": message, "type": "invalid_request_error"}}
+    )
+
+
+def _embeddings(body: dict[str, Any]) -> httpx.Response:
+    """OpenAI's embeddings response for `body`, from the local embedder."""
+    inputs = body.get("input")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not isinstance(inputs, list) or not inputs or not all(isinstance(i, str) for i in inputs):
+        return _error(400, "input must be a string or a non-empty list of strings")
+    dimensions = body.get("dimensions", DEFAULT_DIMENSIONS)
+    if isinstance(dimensions, bool) or not isinstance(dimensions, int):
+        return _error(400, "dimensions must be an integer")
+    if not 1 <= dimensions <= MAX_DIMENSIONS:
+        return _error(400, f"dimensions must be between 1 and {MAX_DIMENSIONS}")
+    encoding = body.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        return _error(400, "encoding_format must be 'float' or 'base64'")
+    data = []
+    for index, text in enumerate(inputs):
+        vector: list[float] | str = local_embedding(text, dimensions)
+        if encoding == "base64":  # float32 bytes, as the SDK decodes them
+            vector = base64.b64encode(array.array("f", vector).tobytes()).decode("ascii")
+        data.append({"object": "embedding", "index": index, "embedding": vector})
+    tokens = sum(len(text.split()) for text in inputs)  # a stand-in for a token count
+    return httpx.Response(
+        200,
+        json={
+            "object": "list",
+            "data": data,
+            "model": "memchat-offline",
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        },
+    )
+
+
 def _handle(request: httpx.Request) -> httpx.Response:
-    if not request.url.path.endswith("/chat/completions"):
+    path = request.url.path
+    if not path.endswith(("/chat/completions", "/embeddings")):
         return httpx.Response(404, json={"error": {"message": "not found"}})
     body = json.loads(request.content)
+    if path.endswith("/embeddings"):
+        return _embeddings(body)
     message = _reply(body.get("messages", []))
     if body.get("tool_choice") == "none" and message.get("tool_calls"):
         message = {"role": "assistant", "content": f"{LABEL} (no tool rounds left)"}

@@ -8,6 +8,7 @@ timeout leaves the database as it was.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -18,6 +19,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from memchat import messages, store
 from memchat.errors import IdempotencyInFlight, PayloadTooLarge, UpstreamTimeout
 from memchat.model import tools
+from memchat.usecases import prompt
+from memchat.usecases.recall import NOT_RECALLED, PendingRecall, Recall, Recalled
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -59,6 +62,7 @@ class ChatRequest:
     use_memory: bool = True
     max_history_messages: int | None = None
     client_message_id: str | None = None
+    recall_k: int | None = None  # None: MEMORY_RECALL_K
 
 
 @dataclass
@@ -83,7 +87,11 @@ class ChatService:
     # Called with every answered turn (metrics: timings, tokens); a failing
     # observer is logged and never fails the turn.
     on_turn: Callable[[ChatResult], None] | None = None
+    recall: Recall = field(init=False)
     _ttl_warned: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.recall = Recall(self.db, self.model, self.settings)
 
     async def run(self, caller: store.Caller, request: ChatRequest) -> ChatResult:
         result = await self._run(caller, request)
@@ -98,14 +106,23 @@ class ChatService:
         deadline = asyncio.get_running_loop().time() + self.settings.turn_timeout_seconds
         if not (self.settings.memory_enabled and request.use_memory):
             return await self._run_without_memory(caller, request, deadline)
+        k = self.settings.memory_recall_k if request.recall_k is None else request.recall_k
+        # The embedding is made while the context loads (see usecases/recall.py).
+        pending = self.recall.start(request.message, k)
         started = time.perf_counter()
-        context = await self._load(caller, request, deadline)
+        try:
+            context = await self._load(caller, request, deadline)
+        except BaseException:
+            pending.cancel()
+            raise
         retrieval_ms = (time.perf_counter() - started) * 1000
         if context.replay is not None:
+            pending.cancel()
             return _replayed(context, retrieval_ms)
         try:
-            return await self._answer(caller, request, context, deadline, retrieval_ms)
+            return await self._answer(caller, request, context, pending, deadline, retrieval_ms)
         except BaseException:
+            pending.cancel()
             if context.claimed and request.client_message_id:
                 await self._release_claim(caller, request.client_message_id)
             raise
@@ -128,8 +145,7 @@ class ChatService:
                     caller,
                     session_id=request.session_id,
                     agent_name=request.agent_name,
-                    window=request.max_history_messages
-                    or self.settings.memory_max_history_messages,
+                    window=self._window(request),
                     client_message_id=request.client_message_id,
                     message=request.message,
                     throttle=self._throttle,
@@ -141,15 +157,19 @@ class ChatService:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, _IN_FLIGHT_MAX_PAUSE)
 
+    def _window(self, request: ChatRequest) -> int:
+        return request.max_history_messages or self.settings.memory_max_history_messages
+
     async def _answer(
         self,
         caller: store.Caller,
         request: ChatRequest,
         context: store.Context,
+        pending: PendingRecall,
         deadline: float,
         retrieval_ms: float,
     ) -> ChatResult:
-        """Run the model on the loaded context and store the turn."""
+        """Recall, fit memory to the budget, run the model and store the turn."""
         limits = context.limits
         assert limits is not None
         if len(request.message) > limits.max_message_chars:
@@ -160,8 +180,21 @@ class ChatService:
         session_id = context.session.id if context.session else request.session_id or uuid.uuid4()
         agent_name = context.session.agent_name if context.session else request.agent_name
         notes = context.notes or store.Notes(agent_name, "", 0, None)
-        history, truncated = self._fit(context.messages)
-        prompt = self._prompt(notes.notes, history, request.message)
+        recalled = await self._with_deadline(
+            deadline,
+            pending.finish(
+                caller,
+                session_id=context.session.id if context.session else request.session_id,
+                agent_name=agent_name,
+                window=self._window(request),
+            ),
+        )
+        memory = self._fit(notes.notes, recalled.hits, context.messages)
+        prompt = [
+            {"role": "system", "content": self.system_prompt},
+            *memory.messages(),
+            {"role": "user", "content": request.message},
+        ]
 
         model_started = time.perf_counter()
         notes_limit = min(self.settings.ltm_max_chars, limits.max_notes_chars)
@@ -178,6 +211,7 @@ class ChatService:
             notes=outcome.notes if outcome.edits else None,
             notes_version=notes.version,
             new_session=context.session is None and request.session_id is None,
+            embedding=await pending.embedding_to_store(caller, recalled),
         )
         record_started = time.perf_counter()
         try:
@@ -186,7 +220,12 @@ class ChatService:
             # A concurrent retry with the same client_message_id was stored first.
             return await self._stored_answer(caller, request, session_id, retrieval_ms)
         record_ms = (time.perf_counter() - record_started) * 1000
-        timings = {"retrieval_ms": retrieval_ms, "model_ms": model_ms, "record_ms": record_ms}
+        timings = {
+            "retrieval_ms": retrieval_ms,
+            "recall_ms": recalled.ms,
+            "model_ms": model_ms,
+            "record_ms": record_ms,
+        }
         logger.info(
             "chat turn stored",
             extra={
@@ -194,6 +233,9 @@ class ChatService:
                 "agent_name": agent_name,
                 "messages_stored": len(turn.messages),
                 "tool_rounds": outcome.rounds,
+                "recall_status": recalled.status,
+                "recalled": len(recalled.hits),
+                "context_tokens": memory.tokens,
                 **{key: round(value, 2) for key, value in timings.items()},
             },
         )
@@ -206,24 +248,16 @@ class ChatService:
             memory=_memory(
                 enabled=True,
                 retrieval_ms=retrieval_ms,
-                messages_in_context=len(history),
-                notes_used=bool(notes.notes),
+                messages_in_context=len(memory.window),
+                notes_used=bool(memory.notes),
                 notes_updated=bool(outcome.edits),
-                truncated=truncated,
+                truncated=memory.truncated,
+                context_tokens=memory.tokens,
+                recalled=dataclasses.replace(recalled, hits=memory.hits),  # those used
             ),
             session=session,
             timings=timings,
         )
-
-    def _prompt(
-        self, notes: str, history: list[dict[str, Any]], message: str
-    ) -> list[dict[str, Any]]:
-        prompt = [{"role": "system", "content": self.system_prompt}]
-        if notes:
-            prompt.append({"role": "system", "content": f"{NOTES_PREAMBLE}\n{notes}"})
-        prompt.extend(history)
-        prompt.append({"role": "user", "content": message})
-        return prompt
 
     def _ttl(self, limits: store.Limits) -> timedelta:
         """SESSION_TTL_HOURS, within the database's maximum (which would clamp it anyway)."""
@@ -308,19 +342,21 @@ class ChatService:
             timings={"model_ms": (time.perf_counter() - started) * 1000},
         )
 
-    def _fit(self, stored: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], bool]:
-        """The window as OpenAI messages, dropping the oldest past the char budget."""
-        converted = [m for m in (messages.to_openai(s) for s in stored) if m is not None]
-        budget = self.settings.memory_max_context_chars
-        kept: list[dict[str, Any]] = []
-        used = 0
-        for message in reversed(converted):
-            used += len(message["content"])
-            if used > budget:
-                break
-            kept.append(message)
-        kept.reverse()
-        return kept, len(kept) < len(converted)
+    def _fit(
+        self, notes: str, hits: list[store.Hit], stored: list[dict[str, Any]]
+    ) -> prompt.MemoryPrompt:
+        """Notes, recalled exchanges and the window within MEMORY_MAX_CONTEXT_TOKENS."""
+        from memchat.model.tokens import counter_for_model
+
+        window = [m for m in (messages.to_openai(s) for s in stored) if m is not None]
+        return prompt.fit(
+            counter_for_model(self.model.model),
+            budget=self.settings.memory_max_context_tokens,
+            notes=notes,
+            hits=hits,
+            window=window,
+            max_window_chars=self.settings.memory_max_context_chars,
+        )
 
     async def _converse(
         self, prompt: list[dict[str, Any]], notes: store.Notes, notes_limit: int
@@ -438,6 +474,8 @@ def _memory(
     notes_used: bool = False,
     notes_updated: bool = False,
     truncated: bool = False,
+    context_tokens: int = 0,
+    recalled: Recalled = NOT_RECALLED,
 ) -> dict[str, Any]:
     """The response's `memory` metadata."""
     return {
@@ -447,6 +485,10 @@ def _memory(
         "long_term_notes_updated": notes_updated,
         "context_truncated": truncated,
         "retrieval_ms": round(retrieval_ms, 3),
+        "context_tokens": context_tokens,
+        "recall_ms": round(recalled.ms, 3),
+        "recall_status": recalled.status,
+        "recalled": recalled.as_list(),
     }
 
 

@@ -80,6 +80,7 @@ async def chat(
             use_memory=body.use_memory,
             max_history_messages=body.max_history_messages,
             client_message_id=body.client_message_id,
+            recall_k=body.recall_k,
         ),
     )
     response.headers["X-Session-ID"] = str(result.session_id)

@@ -1,0 +1,364 @@
+"""Recall across conversations, through the API: the real openai client
+embeds each message at the local test server's /v1/embeddings (a
+deterministic bag-of-words embedder), the database ranks the caller's
+earlier messages by meaning, and the hits reach the prompt."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from memchat.config import ConfigError
+from memchat.messages import RECALL_PREAMBLE
+from memchat.usecases.cleanup import run_cleanup
+from tests.conftest import make_settings
+from tests.utils.api import ApiClient
+from tests.utils.chat_api import chat, system_texts
+from tests.utils.fake_openai import FakeOpenAI
+
+FACT = "my favourite colour is teal"
+QUESTION = "what is my favourite colour?"
+
+
+def recall_block(request: dict[str, Any]) -> str | None:
+    """The recall block the model was sent, if any."""
+    return next((t for t in system_texts(request) if t.startswith(RECALL_PREAMBLE)), None)
+
+
+def embeddings_of(admin: psycopg.Connection, user_id: uuid.UUID) -> int:
+    (count,) = admin.execute(
+        "select count(*) from memchat.message_embeddings where user_id = %s", (user_id,)
+    ).fetchone()
+    return int(count)
+
+
+@pytest.fixture
+async def custom_api(
+    database_url: str, model: FakeOpenAI
+) -> AsyncIterator[Callable[..., ApiClient]]:
+    clients: list[ApiClient] = []
+
+    def build(**overrides: object) -> ApiClient:
+        client = ApiClient(make_settings(database_url, model.url, **overrides))
+        clients.append(client)
+        return client
+
+    yield build
+    for client in clients:
+        await client.aclose()
+
+
+async def test_a_fact_from_one_session_is_recalled_in_a_new_one(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    user_id, auth = api.new_user()
+    first = await chat(api, auth, FACT)
+    (fact_id,) = admin.execute(
+        "select id from public.chat_message_history where session_id = %s"
+        " and message->>'type' = 'human'",
+        (uuid.UUID(first["session_id"]),),
+    ).fetchone()
+
+    body = await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()))
+
+    block = recall_block(model.requests[-1])
+    assert block is not None and f"User: {FACT}" in block
+    assert f"Assistant: echo: {FACT}" in block  # the answer came with it
+    memory = body["memory"]
+    assert memory["recall_status"] == "ok"
+    assert [(r["session_id"], r["message_id"]) for r in memory["recalled"]] == [
+        (first["session_id"], fact_id)
+    ]
+    assert 0.3 <= memory["recalled"][0]["score"] <= 1
+    assert memory["recall_ms"] >= 0 and memory["context_tokens"] > 0
+    assert embeddings_of(admin, user_id) == 2  # each user message, once
+
+
+async def test_the_block_sits_after_the_notes_and_before_the_window(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    user_id, auth = api.new_user()
+    admin.execute(
+        "insert into public.agent_long_term_memory (user_id, agent_name, notes)"
+        " values (%s, 'default', '- likes tea')",
+        (user_id,),
+    )
+    await chat(api, auth, FACT)
+    sid = str(uuid.uuid4())
+    await chat(api, auth, "hello there", session_id=sid)
+    await chat(api, auth, QUESTION, session_id=sid)
+    roles = [
+        ("recall" if str(m["content"]).startswith(RECALL_PREAMBLE) else m["role"])
+        for m in model.requests[-1]["messages"]
+    ]
+    assert roles == ["system", "system", "recall", "user", "assistant", "user"]
+
+
+async def test_another_agent_recalls_nothing_of_it(api: ApiClient, model: FakeOpenAI) -> None:
+    _, auth = api.new_user()
+    await chat(api, auth, FACT, agent_name="painter")
+    body = await chat(api, auth, QUESTION, agent_name="cook")
+    assert body["memory"]["recalled"] == [] and body["memory"]["recall_status"] == "ok"
+    assert recall_block(model.requests[-1]) is None
+
+
+async def test_another_user_recalls_nothing_of_it(api: ApiClient, model: FakeOpenAI) -> None:
+    _, alice = api.new_user()
+    _, bob = api.new_user()
+    await chat(api, alice, FACT)
+    body = await chat(api, bob, QUESTION)
+    assert body["memory"]["recalled"] == []
+    assert recall_block(model.requests[-1]) is None
+
+
+async def test_what_is_in_the_window_is_not_recalled_again(
+    custom_api: Callable[..., ApiClient], model: FakeOpenAI
+) -> None:
+    api = custom_api(memory_max_history_messages=2)
+    _, auth = api.new_user()
+    first = await chat(api, auth, FACT)
+    sid = first["session_id"]
+    in_window = await chat(api, auth, QUESTION, session_id=sid)
+    assert in_window["memory"]["recalled"] == []  # the fact is in the window
+    await chat(api, auth, "something else entirely", session_id=sid)
+    older = await chat(api, auth, QUESTION, session_id=sid)
+    # Now the fact (and the earlier question) have left the window: recalled.
+    assert f"User: {FACT}" in (recall_block(model.requests[-1]) or "")
+    assert {r["session_id"] for r in older["memory"]["recalled"]} == {sid}
+
+
+async def test_near_duplicates_collapse_into_one_hit(api: ApiClient, model: FakeOpenAI) -> None:
+    _, auth = api.new_user()
+    for _ in range(3):
+        await chat(api, auth, FACT, session_id=str(uuid.uuid4()))
+    body = await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()), recall_k=3)
+    assert len(body["memory"]["recalled"]) == 1
+    assert recall_block(model.requests[-1]).count(f"User: {FACT}") == 1  # type: ignore[union-attr]
+
+
+async def test_k_bounds_the_hits_best_first(api: ApiClient) -> None:
+    _, auth = api.new_user()
+    facts = [
+        "my favourite colour is teal",
+        "my favourite food is ramen",
+        "my favourite city is lisbon",
+        "my favourite season is autumn",
+    ]
+    for fact in facts:
+        await chat(api, auth, fact, session_id=str(uuid.uuid4()))
+    body = await chat(api, auth, "my favourite colour and city", recall_k=2)
+    scores = [r["score"] for r in body["memory"]["recalled"]]
+    assert len(scores) == 2 and scores == sorted(scores, reverse=True)
+
+
+async def test_a_minimum_score_drops_weak_hits(
+    custom_api: Callable[..., ApiClient], model: FakeOpenAI
+) -> None:
+    api = custom_api(memory_recall_min_score=0.99)
+    _, auth = api.new_user()
+    await chat(api, auth, FACT)
+    body = await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()))
+    assert body["memory"]["recalled"] == [] and body["memory"]["recall_status"] == "ok"
+
+
+async def test_recall_k_zero_reads_nothing(api: ApiClient, model: FakeOpenAI) -> None:
+    _, auth = api.new_user()
+    await chat(api, auth, FACT)
+    body = await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()), recall_k=0)
+    assert body["memory"]["recall_status"] == "disabled" and body["memory"]["recalled"] == []
+    assert recall_block(model.requests[-1]) is None
+
+
+async def test_memory_off_neither_embeds_nor_recalls(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    user_id, auth = api.new_user()
+    await chat(api, auth, FACT)
+    before = len(model.embedding_requests)
+    body = await chat(api, auth, QUESTION, use_memory=False)
+    assert body["memory"]["recall_status"] == "disabled"
+    assert body["memory"]["recalled"] == [] and body["memory"]["context_tokens"] == 0
+    assert len(model.embedding_requests) == before
+    assert recall_block(model.requests[-1]) is None
+    assert embeddings_of(admin, user_id) == 1
+
+
+async def test_memory_recall_k_zero_turns_recall_off(
+    custom_api: Callable[..., ApiClient], model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    api = custom_api(memory_recall_k=0)
+    user_id, auth = api.new_user()
+    await chat(api, auth, FACT)
+    body = await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()))
+    assert body["memory"]["recall_status"] == "disabled"
+    assert model.embedding_requests == [] and embeddings_of(admin, user_id) == 0
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param({"status": 500}, id="500"),
+        pytest.param({"delay": 3}, id="timeout"),
+        pytest.param({"dimensions": 1536}, id="wrong-size"),
+    ],
+)
+async def test_an_embedding_failure_answers_without_recall(
+    custom_api: Callable[..., ApiClient],
+    model: FakeOpenAI,
+    admin: psycopg.Connection,
+    failure: dict[str, Any],
+) -> None:
+    api = custom_api(embedding_timeout_seconds=0.5)
+    user_id, auth = api.new_user()
+    await chat(api, auth, FACT)
+    model.script_embeddings(failure)
+    body = await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()))
+    assert body["answer"] == f"echo: {QUESTION}"
+    assert body["memory"]["recall_status"] == "failed" and body["memory"]["recalled"] == []
+    assert recall_block(model.requests[-1]) is None
+    assert embeddings_of(admin, user_id) == 1  # the second message is stored without one
+    (stored,) = admin.execute(
+        "select count(*) from public.chat_message_history where user_id = %s", (user_id,)
+    ).fetchone()
+    assert stored == 4
+
+
+async def test_a_replay_neither_recalls_nor_embeds_again(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    user_id, auth = api.new_user()
+    first = await chat(api, auth, FACT, client_message_id="k1")
+    again = await chat(api, auth, FACT, client_message_id="k1", session_id=first["session_id"])
+    assert again["answer"] == first["answer"] and again["memory"]["recalled"] == []
+    assert embeddings_of(admin, user_id) == 1
+
+
+# -------------------------------------------------------------- lifecycle
+
+
+async def test_clear_session_removes_its_embeddings(
+    api: ApiClient, admin: psycopg.Connection
+) -> None:
+    user_id, auth = api.new_user()
+    first = await chat(api, auth, FACT)
+    await chat(api, auth, "and another thing", session_id=first["session_id"])
+    assert embeddings_of(admin, user_id) == 2
+    cleared = await api.post(
+        "/chat/clear-session", json={"session_id": first["session_id"]}, headers=auth
+    )
+    assert cleared.status_code == 200
+    assert embeddings_of(admin, user_id) == 0
+    body = await chat(api, auth, QUESTION)
+    assert body["memory"]["recalled"] == []
+
+
+async def test_delete_me_removes_every_embedding(api: ApiClient, admin: psycopg.Connection) -> None:
+    user_id, auth = api.new_user()
+    for agent in ("a", "b"):
+        await chat(api, auth, FACT, agent_name=agent)
+    assert embeddings_of(admin, user_id) == 2
+    assert (await api.delete("/me", headers=auth)).status_code == 200
+    assert embeddings_of(admin, user_id) == 0
+
+
+async def test_the_ttl_cleanup_removes_expired_embeddings_and_recall_skips_them_before(
+    api: ApiClient, admin: psycopg.Connection, cleanup_url: str
+) -> None:
+    _, auth = api.new_user()
+    first = await chat(api, auth, FACT)
+    admin.execute(
+        "update public.chat_sessions set expires_at = now() - interval '1 minute' where id = %s",
+        (uuid.UUID(first["session_id"]),),
+    )
+    expired = await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()))
+    assert expired["memory"]["recalled"] == []  # expired, not yet cleaned: not recalled
+    run_cleanup(cleanup_url, batch_size=1000)
+    (left,) = admin.execute(
+        "select count(*) from memchat.message_embeddings where session_id = %s",
+        (uuid.UUID(first["session_id"]),),
+    ).fetchone()
+    assert left == 0
+
+
+async def test_exports_carry_no_vectors(api: ApiClient) -> None:
+    _, auth = api.new_user()
+    first = await chat(api, auth, FACT)
+    for url in (f"/chat/export/{first['session_id']}", "/export", "/export?format=ndjson"):
+        text = (await api.get(url, headers=auth)).text
+        assert "embedding" not in text and FACT in text
+
+
+# ------------------------------------------------------------ the column
+
+
+def test_a_mismatched_embedding_size_fails_at_start(
+    database_url: str, fake_openai: FakeOpenAI
+) -> None:
+    app = ApiClient(make_settings(database_url, fake_openai.url, embedding_dimensions=1536)).app
+    with pytest.raises(ConfigError, match=r"EMBEDDING_DIMENSIONS is 1536 .* vector\(512\)"):
+        app.state.memchat.chat.recall.check_at_start()
+
+
+async def test_a_mismatch_found_on_the_first_turn_turns_recall_off(
+    custom_api: Callable[..., ApiClient], model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    """When the database was down at start, the first turn checks; a mismatch
+    answers without recall rather than failing every turn."""
+    api = custom_api(embedding_dimensions=1536)
+    user_id, auth = api.new_user()
+    model.script_embeddings({"dimensions": 1536})
+    body = await chat(api, auth, FACT)
+    assert body["memory"]["recall_status"] == "failed"
+    assert api.app.state.memchat.chat.recall.column_fits is False
+    assert embeddings_of(admin, user_id) == 0
+
+
+# ------------------------------------------------------------ the budget
+
+
+async def test_the_token_budget_drops_in_order_and_reports_its_tokens(
+    custom_api: Callable[..., ApiClient], model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    api = custom_api(memory_max_context_tokens=300)
+    user_id, auth = api.new_user()
+    admin.execute(
+        "insert into public.agent_long_term_memory (user_id, agent_name, notes)"
+        " values (%s, 'default', %s)",
+        (user_id, "\n".join(f"- note {i}" for i in range(100))),
+    )
+    await chat(api, auth, FACT)
+    sid = str(uuid.uuid4())
+    for i in range(3):
+        await chat(api, auth, f"turn {i} " + "filler words " * 40, session_id=sid)
+
+    body = await chat(api, auth, QUESTION, session_id=sid)
+
+    memory = body["memory"]
+    assert memory["context_truncated"] is True
+    assert memory["messages_in_context"] == 2  # never fewer than the newest two
+    assert memory["recalled"] == []  # dropped before the notes were cut
+    sent = model.requests[-1]["messages"]
+    notes = next(m["content"] for m in sent if m["content"].startswith("Long-term notes"))
+    assert "- note 0" in notes and "- note 99" not in notes
+    assert recall_block(model.requests[-1]) is None
+    assert 0 < memory["context_tokens"] <= 300
+
+
+async def test_context_tokens_count_what_memory_added(
+    custom_api: Callable[..., ApiClient], model: FakeOpenAI
+) -> None:
+    from memchat.model.tokens import count_message, counter_for_model
+
+    api = custom_api(openai_model="gpt-4o-mini")
+    _, auth = api.new_user()
+    first = await chat(api, auth, "hello there")
+    body = await chat(api, auth, "and again", session_id=first["session_id"])
+    counter = counter_for_model("gpt-4o-mini")
+    memory_messages = model.requests[-1]["messages"][1:-1]  # not the system prompt or the new one
+    assert body["memory"]["context_tokens"] == sum(
+        count_message(counter, m["content"]) for m in memory_messages
+    )

@@ -1,0 +1,226 @@
+"""memchat.recall and the embeddings table at the SQL level, with hand-made
+vectors: row-level security (never another user's rows, whoever asks), the
+near-duplicate collapse, the score floor, the window and live sessions."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from memchat import store
+from memchat.db import Database
+from tests.store.conftest import refused
+from tests.utils.store_data import acting_as, exchange, record, through_data_api, turn
+from tests.utils.users import UserFactory
+
+DIMS = 512
+
+
+def unit(*parts: float) -> list[float]:
+    """A unit vector whose first components are `parts` (normalised)."""
+    norm = math.sqrt(sum(p * p for p in parts))
+    return [p / norm for p in parts] + [0.0] * (DIMS - len(parts))
+
+
+def angled(similarity: float, axis: int = 1) -> list[float]:
+    """A unit vector at exactly `similarity` (cosine) to unit(1), leaning
+    towards its own `axis` (vectors on different axes are far apart)."""
+    parts = [0.0] * (axis + 1)
+    parts[0], parts[axis] = similarity, math.sqrt(1 - similarity * similarity)
+    return unit(*parts)
+
+
+async def say(
+    db: Database,
+    caller: store.Caller,
+    text: str,
+    vector: list[float],
+    *,
+    session_id: uuid.UUID | None = None,
+    agent_name: str = "default",
+) -> store.SessionInfo:
+    """One stored turn whose user message has `vector` as its embedding."""
+    return await store.record_turn(
+        db,
+        caller,
+        store.Turn(
+            session_id=session_id or uuid.uuid4(),
+            agent_name=agent_name,
+            messages=exchange(text, f"answer to {text}"),
+            title=text,
+            ttl=turn(uuid.uuid4(), []).ttl,
+            embedding=vector,
+        ),
+    )
+
+
+async def recall(
+    db: Database, caller: store.Caller, query: list[float], **options: Any
+) -> list[store.Hit]:
+    # From a new session by default: with none named, recall would treat the
+    # active session (the last one written) as the turn's and leave its window out.
+    args: dict[str, Any] = {
+        "session_id": uuid.uuid4(),
+        "agent_name": "default",
+        "window": 10,
+        "k": 3,
+        "min_score": 0.3,
+    } | options
+    return await store.recall(db, caller, query=query, **args)
+
+
+async def test_hits_are_the_callers_best_first_with_their_answers(
+    db: Database, users: UserFactory
+) -> None:
+    alice = users.create()
+    near = await say(db, alice, "near", angled(0.8, axis=1))
+    await say(db, alice, "far", angled(0.5, axis=2))
+    await say(db, alice, "unrelated", angled(0.1, axis=3))
+
+    hits = await recall(db, alice, unit(1))
+
+    assert [h.question for h in hits] == ["near", "far"]  # 0.1 is below the floor
+    assert [round(h.score, 3) for h in hits] == [0.8, 0.5]
+    assert hits[0].answer == "answer to near" and hits[0].session_id == near.id
+    assert hits[0].title == "near"
+
+
+async def test_near_duplicates_collapse_at_point_nine(db: Database, users: UserFactory) -> None:
+    alice = users.create()
+    await say(db, alice, "best", unit(1))
+    await say(db, alice, "same thing again", unit(1, 0.1))  # ~0.995 to "best"
+    await say(db, alice, "related", angled(0.85, axis=2))  # 0.85 to "best": kept
+    hits = await recall(db, alice, unit(1), k=3)
+    assert [h.question for h in hits] == ["best", "related"]
+
+
+async def test_recall_respects_k_after_collapsing(db: Database, users: UserFactory) -> None:
+    alice = users.create()
+    for i in range(6):
+        await say(db, alice, f"fact {i}", unit(1, 0.05 * i, 1.0 * i))
+    assert len(await recall(db, alice, unit(1), k=2, min_score=-1)) == 2
+    assert await recall(db, alice, unit(1), k=0) == []
+
+
+async def test_only_the_agent_asked_about(db: Database, users: UserFactory) -> None:
+    alice = users.create()
+    await say(db, alice, "for the cook", unit(1), agent_name="cook")
+    assert await recall(db, alice, unit(1), agent_name="painter") == []
+    assert len(await recall(db, alice, unit(1), agent_name="cook")) == 1
+
+
+async def test_the_window_of_the_turns_session_is_left_out(
+    db: Database, users: UserFactory
+) -> None:
+    alice = users.create()
+    info = await say(db, alice, "old fact", unit(1))
+    await say(db, alice, "filler", angled(0.0, axis=2), session_id=info.id)
+    # The window of 2 holds "filler" and its answer: "old fact" is outside it.
+    outside = await recall(db, alice, unit(1), session_id=info.id, window=2)
+    inside = await recall(db, alice, unit(1), session_id=info.id, window=4)
+    assert [h.question for h in outside] == ["old fact"] and inside == []
+    # With no session named, the active one (this one) is the turn's.
+    assert await recall(db, alice, unit(1), session_id=None, window=4) == []
+
+
+async def test_expired_and_cleared_sessions_are_not_recalled(
+    db: Database, users: UserFactory, admin: psycopg.Connection
+) -> None:
+    alice = users.create()
+    expired = await say(db, alice, "expired fact", unit(1))
+    cleared = await say(db, alice, "cleared fact", unit(1, 0.5))
+    admin.execute(
+        "update public.chat_sessions set expires_at = now() - interval '1 second' where id = %s",
+        (expired.id,),
+    )
+    await store.clear_session(
+        db, alice, session_id=cleared.id, agent_name="default", ttl=turn(cleared.id, []).ttl
+    )
+    assert await recall(db, alice, unit(1)) == []
+
+
+# ------------------------------------------------------- row-level security
+
+
+@pytest.fixture
+async def two_users(db: Database, users: UserFactory) -> tuple[store.Caller, store.Caller, int]:
+    """A has one embedded message; B has none. Returns (A, B, A's message id)."""
+    a, b = users.create(), users.create()
+    info = await say(db, a, "a secret of A", unit(1))
+    hits = await recall(db, a, unit(1))
+    assert [h.session_id for h in hits] == [info.id]
+    return a, b, hits[0].message_id
+
+
+async def test_b_recalls_nothing_of_a_even_with_a_s_own_vector(
+    db: Database, two_users: tuple[store.Caller, store.Caller, int]
+) -> None:
+    _, b, _ = two_users
+    assert await recall(db, b, unit(1), min_score=-1) == []
+
+
+def test_b_sees_and_writes_no_embedding_of_a(
+    conn: psycopg.Connection,
+    admin: psycopg.Connection,
+    two_users: tuple[store.Caller, store.Caller, int],
+) -> None:
+    a, b, message_id = two_users
+    (session_id,) = admin.execute(
+        "select session_id from public.chat_message_history where id = %s", (message_id,)
+    ).fetchone()
+    params = {
+        "a": a.user_id,
+        "b": b.user_id,
+        "m": message_id,
+        "s": session_id,
+        "v": store.vector_literal(unit(1)),
+    }
+    insert = (
+        "insert into memchat.message_embeddings"
+        " (message_id, user_id, session_id, agent_name, created_at, embedding)"
+        " values (%(m)s, %(owner)s, %(s)s, 'default', now(), %(v)s::extensions.vector)"
+    )
+    with acting_as(conn, b.claims):
+        (seen,) = conn.execute(
+            "select count(*) from memchat.message_embeddings where user_id = %(a)s", params
+        ).fetchone()
+        assert seen == 0
+        # An embedding for A's message, in B's name or in A's: both refused.
+        assert refused(conn, insert, params | {"owner": b.user_id})
+        assert refused(conn, insert, params | {"owner": a.user_id})
+        assert refused(
+            conn,
+            "update memchat.message_embeddings set agent_name = 'x' where user_id = %(a)s",
+            params,
+        )
+        assert refused(conn, "delete from memchat.message_embeddings", params)
+
+
+def test_the_data_api_cannot_read_vectors(
+    gateway: psycopg.Connection, two_users: tuple[store.Caller, store.Caller, int]
+) -> None:
+    a, _, _ = two_users
+    with through_data_api(gateway, a.claims):
+        assert refused(gateway, "select * from memchat.message_embeddings", {})
+        assert refused(
+            gateway,
+            "select memchat.recall(null, 'default', 10, %(v)s::extensions.vector, 3, 0, 0.9)",
+            {"v": store.vector_literal(unit(1))},
+        )
+
+
+async def test_an_embedding_goes_with_its_message(
+    db: Database, users: UserFactory, admin: psycopg.Connection
+) -> None:
+    alice = users.create()
+    info = await record(db, alice, exchange("q", "a"))
+    await say(db, alice, "embedded", unit(1), session_id=info.id)
+    admin.execute("delete from public.chat_message_history where session_id = %s", (info.id,))
+    (left,) = admin.execute(
+        "select count(*) from memchat.message_embeddings where session_id = %s", (info.id,)
+    ).fetchone()
+    assert left == 0
