@@ -450,10 +450,16 @@ def test_the_chat_settings_are_stack_parameters_with_the_apps_defaults() -> None
         ("CHAT_RATE_PER_MINUTE", "ChatRatePerMinute"),
         ("CHAT_RATE_BURST", "ChatRateBurst"),
         ("ALLOW_ANONYMOUS_USERS", "AllowAnonymousUsers"),
+        ("MEMORY_MAX_CONTEXT_TOKENS", "MemoryMaxContextTokens"),
+        ("MEMORY_RECALL_K", "MemoryRecallK"),
+        ("MEMORY_RECALL_MIN_SCORE", "MemoryRecallMinScore"),
+        ("EMBEDDING_TIMEOUT_SECONDS", "EmbeddingTimeoutSeconds"),
     ]:
         assert chat[variable] == {"Ref": parameter}
         default = fields[variable.lower()].default
         assert float(parameters[parameter]["Default"]) == float(default), parameter
+    assert chat["OPENAI_EMBEDDING_MODEL"] == {"Ref": "EmbeddingModel"}
+    assert parameters["EmbeddingModel"]["Default"] == fields["openai_embedding_model"].default
     for function in HTTP_FUNCTIONS:
         variables = FUNCTIONS[function]["Environment"]["Variables"]
         assert variables["ALLOW_ANONYMOUS_USERS"] == {"Ref": "AllowAnonymousUsers"}, function

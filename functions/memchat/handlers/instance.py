@@ -29,4 +29,9 @@ def build_app() -> FastAPI:
         chat = app.state.memchat.chat
         chat.on_turn = observability.record_turn
         chat.recall.check_at_start()
+        # Every turn counts tokens; the tokenizer takes ~50 ms to build, paid
+        # here in the init phase rather than by the first user's turn.
+        from memchat.model.tokens import counter_for_model
+
+        counter_for_model(settings.openai_model)
     return app
