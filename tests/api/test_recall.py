@@ -165,12 +165,15 @@ async def test_a_minimum_score_drops_weak_hits(
     assert body["memory"]["recalled"] == [] and body["memory"]["recall_status"] == "ok"
 
 
-async def test_recall_k_zero_reads_nothing(api: ApiClient, model: FakeOpenAI) -> None:
-    _, auth = api.new_user()
+async def test_recall_k_zero_reads_nothing_but_the_message_is_embedded(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    user_id, auth = api.new_user()
     await chat(api, auth, FACT)
     body = await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()), recall_k=0)
     assert body["memory"]["recall_status"] == "disabled" and body["memory"]["recalled"] == []
     assert recall_block(model.requests[-1]) is None
+    assert embeddings_of(admin, user_id) == 2  # later turns can recall it
 
 
 async def test_memory_off_neither_embeds_nor_recalls(

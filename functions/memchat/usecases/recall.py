@@ -139,14 +139,14 @@ class PendingRecall:
         self, caller: store.Caller, recalled: Recalled
     ) -> list[float] | None:
         """The message's embedding for the turn's record: the one recall used,
-        else one that is ready by now (a turn that did not recall never waits
-        for it), and only if the stored column has its size."""
+        else the one requested at the start (a turn that recalled nothing has
+        usually got it by now, while the model answered; else it waits at most
+        EMBEDDING_TIMEOUT_SECONDS), and only if the stored column has its size."""
         if recalled.query is not None:
             return recalled.query
-        if self.task is None or not self.task.done() or self.task.cancelled():
-            self.cancel()
+        if self.task is None or self.task.cancelled():
             return None
-        query = self.task.result()
+        query = await self.task
         if query is None or not await self.recall.check_column(caller):
             return None
         return query
