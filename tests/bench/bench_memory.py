@@ -3,7 +3,7 @@
 Run on demand (pytest does not collect `bench_*.py`):
 
     python tests/bench/bench_memory.py [--iterations 200] [--warmup 20]
-        [--sizes 10,1000,10000] [--latency-ms 0,1,2] [--throttle]
+        [--sizes 10,1000,10000] [--latency-ms 0,1,2] [--throttle] [--recall]
 
 One turn's memory work, timed end to end on the client:
 
@@ -30,6 +30,14 @@ adding that much time to every round trip (half each way), like the
 Lambda -> pooler -> Postgres hops memchat runs over. Routes are interleaved
 with sizes and sides; the proxy counts the round trips of every turn. See
 docs/benchmarks.md.
+
+With `--recall`, the two sides are memchat's turn with recall off (the
+above) and on: `load_context`, then `store.recall` (k=3, window 10, min
+score 0.3) with the turn's embedding, then `record_turn` storing that
+embedding with the user message (three round trips). Every human message of
+the pre-filled sessions has an embedding (clustered vectors from
+`bench_recall.Vectors`, numpy), and each turn's query is a new message on the
+user's topics, so recall finds real hits. LangChain is not run in this mode.
 """
 
 from __future__ import annotations
@@ -125,6 +133,7 @@ class Route:
     memchat: list[Side]  # one per session
     langchain: list[Side]
     rtt: list[common.Stats] = field(default_factory=list)  # select 1, before and after
+    recall: list[RecallSide] = field(default_factory=list)  # --recall: one per session
 
     def count(self) -> int:
         return self.proxy.round_trips if self.proxy else 0
@@ -242,6 +251,107 @@ async def memchat_turn(
     assert ctx.session is not None and ctx.session.message_count >= s.size
     assert len(ctx.messages) == min(WINDOW, s.size)
     return (t0, t1, t2), (c0, c1, c2)
+
+
+@dataclass
+class RecallSide:
+    """Samples of memchat's turn with recall on: the total and its three calls, in ms."""
+
+    total: list[float] = field(default_factory=list)
+    load: list[float] = field(default_factory=list)
+    recall: list[float] = field(default_factory=list)
+    record: list[float] = field(default_factory=list)
+    hits: list[int] = field(default_factory=list)
+    # Round trips of each timed turn (load, recall, record), through a proxy.
+    trips: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+RECALL_K = 3
+RECALL_MIN_SCORE = 0.3  # MEMORY_RECALL_MIN_SCORE's default
+
+
+async def memchat_recall_turn(
+    db: Database,
+    s: Session,
+    human: dict[str, Any],
+    ai: dict[str, Any],
+    query: list[float],
+    count: Callable[[], int],
+    samples: RecallSide | None,
+    throttle: store.Throttle = store.NO_THROTTLE,
+) -> None:
+    """load_context, recall with the turn's embedding, record_turn storing it."""
+    c0 = count()
+    t0 = perf_counter_ns()
+    ctx = await store.load_context(
+        db, s.caller, session_id=s.memchat_id, agent_name=AGENT, window=WINDOW, throttle=throttle
+    )
+    t1 = perf_counter_ns()
+    c1 = count()
+    hits = await store.recall(
+        db,
+        s.caller,
+        session_id=s.memchat_id,
+        agent_name=AGENT,
+        window=WINDOW,
+        query=query,
+        k=RECALL_K,
+        min_score=RECALL_MIN_SCORE,
+    )
+    t2 = perf_counter_ns()
+    c2 = count()
+    await store.record_turn(
+        db,
+        s.caller,
+        store.Turn(
+            session_id=s.memchat_id,
+            agent_name=AGENT,
+            messages=[human, ai],
+            title=None if ctx.session else "benchmark",
+            ttl=TTL,
+            embedding=query,
+        ),
+    )
+    t3 = perf_counter_ns()
+    c3 = count()
+    assert ctx.session is not None and len(ctx.messages) == min(WINDOW, s.size)
+    if samples is not None:
+        samples.total.append((t3 - t0) / 1e6)
+        samples.load.append((t1 - t0) / 1e6)
+        samples.recall.append((t2 - t1) / 1e6)
+        samples.record.append((t3 - t2) / 1e6)
+        samples.hits.append(len(hits))
+        samples.trips.append((c1 - c0, c2 - c1, c3 - c2))
+
+
+def embed_sessions(admin: psycopg.Connection[Any], sessions: list[Session], seed: int) -> Any:
+    """An embedding for every human message of the memchat sessions (binary
+    COPY); returns each session's queries (new messages on its user's topics)."""
+    import numpy as np
+
+    from tests.bench import bench_recall
+
+    vectors = bench_recall.Vectors(seed)
+    queries = []
+    for s in sessions:
+        rows = admin.execute(
+            "select id, created_at from public.chat_message_history"
+            " where session_id = %s and message->>'type' = 'human' order by id",
+            (s.memchat_id,),
+        ).fetchall()
+        topics = vectors.user_topics()
+        n = len(rows)
+        bench_recall.copy_embeddings(
+            admin,
+            np.array([r[0] for r in rows], dtype=np.int64),
+            [s.caller.user_id] * n,
+            [s.memchat_id] * n,
+            [r[1] for r in rows],
+            vectors.messages(topics, n),
+        )
+        queries.append([[float(x) for x in q] for q in vectors.around(topics, 50)])
+    common.vacuum_analyze(admin, "memchat.message_embeddings")
+    return queries
 
 
 def langchain_turn(
@@ -464,6 +574,128 @@ def report(
         print("session sizes unchanged after the run (added rows deleted untimed)")
 
 
+def recall_trips_cell(turns: list[tuple[int, int, int]]) -> str:
+    """`3 (1+1+1)`: median round trips per turn (load + recall + record)."""
+    if not turns:
+        return "-"
+    parts = [statistics.median_low([t[n] for t in turns]) for n in range(3)]
+    totals = [sum(t) for t in turns]
+    low, high = min(totals), max(totals)
+    spread = "" if low == high else f", {low}-{high} over {len(turns)} turns"
+    return f"{sum(parts)} ({'+'.join(str(p) for p in parts)}{spread})"
+
+
+def report_recall(
+    admin: psycopg.Connection[Any],
+    target: common.Target,
+    args: argparse.Namespace,
+    routes: list[Route],
+    sessions: list[Session],
+    load_at_start: str,
+) -> None:
+    print("# memchat per-turn memory work, recall off vs on")
+    print()
+    print(common.machine_report(admin, target, load_at_start=load_at_start))
+    print(
+        f"iterations: {args.iterations} per size per side per route"
+        f" (after {args.warmup} warm-up), window {WINDOW}; recall k={RECALL_K},"
+        f" min score {RECALL_MIN_SCORE}; throttle {'on' if args.throttle else 'off'}"
+    )
+    print()
+    print("Routes (select 1 round trip, median ms, measured before / after the run):")
+    print()
+    print(
+        common.format_table(
+            ["route", "select 1 ms", "path"],
+            [
+                [
+                    r.label,
+                    " / ".join(fmt(st.median) for st in r.rtt),
+                    r.proxy.description if r.proxy else target.description,
+                ]
+                for r in routes
+            ],
+        )
+    )
+    print()
+    rows, breakdown, trips = [], [], []
+    for r in routes:
+        for k, s in enumerate(sessions):
+            off, on = r.memchat[k], r.recall[k]
+            off_total, on_total = common.summarize(off.total), common.summarize(on.total)
+            embedded = (s.size + 1) // 2
+            rows.append(
+                [
+                    r.label,
+                    f"{s.size:,} ({embedded:,})",
+                    fmt(off_total.median),
+                    fmt(off_total.p95),
+                    fmt(on_total.median),
+                    fmt(on_total.p95),
+                    fmt(on_total.median - off_total.median),
+                    f"{statistics.fmean(on.hits):.2f}" if on.hits else "-",
+                ]
+            )
+            breakdown.append(
+                [
+                    r.label,
+                    f"{s.size:,}",
+                    fmt(common.summarize(off.read).median),
+                    fmt(common.summarize(off.write).median),
+                    fmt(common.summarize(on.load).median),
+                    fmt(common.summarize(on.recall).median),
+                    fmt(common.summarize(on.record).median),
+                ]
+            )
+            if r.proxy:
+                trips.append(
+                    [r.label, f"{s.size:,}", trips_cell(off.trips), recall_trips_cell(on.trips)]
+                )
+    print(
+        common.format_table(
+            [
+                "route",
+                "size (embedded)",
+                "off median ms",
+                "off p95 ms",
+                "on median ms",
+                "on p95 ms",
+                "added median ms",
+                "hits per turn",
+            ],
+            rows,
+        )
+    )
+    print()
+    print("Breakdown (median ms):")
+    print()
+    print(
+        common.format_table(
+            [
+                "route",
+                "size",
+                "off: load_context",
+                "off: record_turn",
+                "on: load_context",
+                "on: recall",
+                "on: record_turn (+ embedding)",
+            ],
+            breakdown,
+        )
+    )
+    print()
+    if trips:
+        print("Round trips per turn, counted by the proxy (median):")
+        print()
+        print(common.format_table(["route", "size", "recall off", "recall on"], trips))
+        print()
+    grown = [s for s in sessions if final_sizes(admin, s)[:2] != (s.size, s.size)]
+    if grown:
+        print("sessions grew during the run: " + ", ".join(f"{s.size:,}" for s in grown))
+    else:
+        print("session sizes unchanged after the run (added rows deleted untimed)")
+
+
 async def run(args: argparse.Namespace) -> int:
     load_at_start = common.load_average()
     with common.database() as target, ExitStack() as stack:
@@ -479,6 +711,7 @@ async def run(args: argparse.Namespace) -> int:
                 sessions.append(Session(size, caller, mid, mlast, lid, llast))
             common.vacuum_analyze(admin, "public.chat_message_history", LANGCHAIN_TABLE)
             common.vacuum_analyze(admin, "public.chat_sessions", "auth.users")
+            queries = embed_sessions(admin, sessions, seed=1) if args.recall else []
 
             urls = [target.url]
             routes.append(open_route("direct", target.url, None, sessions))
@@ -488,6 +721,7 @@ async def run(args: argparse.Namespace) -> int:
                 routes.append(open_route(f"+{ms:g} ms", proxy.url, proxy, sessions))
             for r, url in zip(routes, urls, strict=True):
                 round_trip_time(r, url)
+                r.recall = [RecallSide() for _ in sessions]
 
             text = FILLER[:60]
             mc_human, mc_ai = messages.human(f"question: {text}"), messages.ai(f"answer: {text}")
@@ -500,12 +734,23 @@ async def run(args: argparse.Namespace) -> int:
                 for j, r in enumerate(routes):
                     for k, s in enumerate(sessions):
                         # Alternate which side goes first.
-                        sides = (
-                            ("memchat", "langchain")
-                            if (i + j + k) % 2 == 0
-                            else ("langchain", "memchat")
-                        )
+                        other = "recall" if args.recall else "langchain"
+                        sides = ("memchat", other) if (i + j + k) % 2 == 0 else (other, "memchat")
                         for side in sides:
+                            if side == "recall":
+                                await memchat_recall_turn(
+                                    db=r.db,
+                                    s=s,
+                                    human=mc_human,
+                                    ai=mc_ai,
+                                    query=queries[k][i % len(queries[k])],
+                                    count=r.count,
+                                    samples=r.recall[k] if timed else None,
+                                    throttle=THROTTLE if args.throttle else store.NO_THROTTLE,
+                                )
+                                if not args.no_cleanup:
+                                    reset(admin, s, "memchat")
+                                continue
                             if side == "memchat":
                                 marks = await memchat_turn(
                                     db=r.db,
@@ -526,7 +771,10 @@ async def run(args: argparse.Namespace) -> int:
 
             for r, url in zip(routes, urls, strict=True):
                 round_trip_time(r, url)
-            report(admin, target, args, routes, sessions, load_at_start)
+            if args.recall:
+                report_recall(admin, target, args, routes, sessions, load_at_start)
+            else:
+                report(admin, target, args, routes, sessions, load_at_start)
         finally:
             for r in routes:
                 await r.db.close()
@@ -570,6 +818,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--throttle",
         action="store_true",
         help="memchat turns take a throttle token too, as the API's do (a write per load)",
+    )
+    parser.add_argument(
+        "--recall",
+        action="store_true",
+        help="compare memchat's turn with recall off and on (load_context + recall +"
+        " record_turn with the embedding) instead of memchat with langchain",
     )
     parser.add_argument(
         "--no-cleanup",

@@ -107,11 +107,13 @@ class ChatService:
         if not (self.settings.memory_enabled and request.use_memory):
             return await self._run_without_memory(caller, request, deadline)
         k = self.settings.memory_recall_k if request.recall_k is None else request.recall_k
-        # The embedding is made while the context loads (see usecases/recall.py).
+        # The embedding is made while the context loads (see usecases/recall.py);
+        # the load is a task scheduled after the embedding's, so the embedding
+        # request (the longer wait) leaves first.
         pending = self.recall.start(request.message, k)
         started = time.perf_counter()
         try:
-            context = await self._load(caller, request, deadline)
+            context = await asyncio.create_task(self._load(caller, request, deadline))
         except BaseException:
             pending.cancel()
             raise
