@@ -56,7 +56,7 @@ def role_password(admin_url: str) -> str | None:
         return None
     password = secrets.token_urlsafe(24)
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        for role in (devdb.API_ROLE, devdb.CLEANUP_ROLE):
+        for role in devdb.LOGIN_ROLES:
             conn.execute(
                 sql.SQL("alter role {} with password {}").format(
                     sql.Identifier(role), sql.Literal(password)
@@ -68,10 +68,7 @@ def role_password(admin_url: str) -> str | None:
 @pytest.fixture(scope="session")
 def role_urls(admin_url: str, role_password: str | None) -> dict[str, str]:
     """How each login role of the migrations connects (the API's, the cleanup's)."""
-    return {
-        role: devdb.role_conninfo(admin_url, role, role_password)
-        for role in (devdb.API_ROLE, devdb.CLEANUP_ROLE)
-    }
+    return {role: devdb.role_conninfo(admin_url, role, role_password) for role in devdb.LOGIN_ROLES}
 
 
 @pytest.fixture(scope="session")
@@ -84,6 +81,12 @@ def database_url(role_urls: dict[str, str]) -> str:
 def cleanup_url(role_urls: dict[str, str]) -> str:
     """What the scheduled cleanup logs in with: `memchat_cleanup`."""
     return role_urls[devdb.CLEANUP_ROLE]
+
+
+@pytest.fixture(scope="session")
+def worker_url(role_urls: dict[str, str]) -> str:
+    """What the summary worker logs in with: `memchat_worker`."""
+    return role_urls[devdb.WORKER_ROLE]
 
 
 @pytest.fixture(scope="session")

@@ -141,6 +141,19 @@ class Settings(BaseSettings):
     embedding_dimensions: int = Field(default=512, ge=1, le=16000)
     # An embedding slower than this is given up: the turn answers without recall.
     embedding_timeout_seconds: float = Field(default=2.0, gt=0, le=60)
+
+    # Rolling summaries (usecases/summarize.py): a session becomes due once
+    # this many messages beyond its window are not in its summary yet.
+    summary_trigger_messages: int = Field(default=10, ge=1, le=10_000)
+    # The summary's length, counted with the model's tokenizer.
+    summary_max_tokens: int = Field(default=400, ge=50, le=8000)
+    # Messages fed to one refresh at most (a backlog takes several refreshes).
+    summary_chunk_messages: int = Field(default=100, ge=2, le=2000)
+    # A session whose summary failed this many times in a row is skipped until
+    # its next turn (logged and counted).
+    summary_max_attempts: int = Field(default=5, ge=1, le=100)
+    # Sessions claimed per worker round.
+    summary_batch_size: int = Field(default=20, ge=1, le=1000)
     session_ttl_hours: float = Field(default=168, gt=0)
     cleanup_batch_size: int = Field(default=1000, ge=1, le=100000)
     max_message_chars: int = Field(default=16000, ge=1)

@@ -34,9 +34,12 @@ def start(data_dir: Path | None = None) -> str:
     return uri
 
 
-# The login roles of the migrations (*_least_privilege.sql): the API's and the cleanup's.
+# The login roles of the migrations: the API's and the cleanup's
+# (*_least_privilege.sql), the summary worker's (*_summaries.sql).
 API_ROLE = "memchat_api"
 CLEANUP_ROLE = "memchat_cleanup"
+WORKER_ROLE = "memchat_worker"
+LOGIN_ROLES = (API_ROLE, CLEANUP_ROLE, WORKER_ROLE)
 
 
 def role_conninfo(owner_conninfo: str, role: str, password: str | None = None) -> str:

@@ -58,9 +58,15 @@ class SessionInfo:
     created_at: datetime
     last_active_at: datetime
     expires_at: datetime
+    # The rolling summary (usecases/summarize.py): text, the last message it
+    # covers, when it was made.
+    summary: str | None = None
+    summary_covers_until: int | None = None
+    summary_updated_at: datetime | None = None
 
     @classmethod
     def from_json(cls, row: Mapping[str, Any]) -> SessionInfo:
+        updated = row.get("summary_updated_at")
         return cls(
             id=uuid.UUID(row["id"]),
             agent_name=row["agent_name"],
@@ -70,6 +76,9 @@ class SessionInfo:
             created_at=datetime.fromisoformat(row["created_at"]),
             last_active_at=datetime.fromisoformat(row["last_active_at"]),
             expires_at=datetime.fromisoformat(row["expires_at"]),
+            summary=row.get("summary"),
+            summary_covers_until=row.get("summary_covers_until"),
+            summary_updated_at=datetime.fromisoformat(updated) if updated else None,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -82,6 +91,11 @@ class SessionInfo:
             "created_at": self.created_at.isoformat(),
             "last_active_at": self.last_active_at.isoformat(),
             "expires_at": self.expires_at.isoformat(),
+            "summary": self.summary,
+            "summary_covers_until": self.summary_covers_until,
+            "summary_updated_at": (
+                self.summary_updated_at.isoformat() if self.summary_updated_at else None
+            ),
         }
 
 
@@ -118,6 +132,14 @@ class Throttle:
 
 
 @dataclass(frozen=True)
+class Summary:
+    """A session's rolling summary, as a turn may show it (no hole before the window)."""
+
+    text: str
+    covers_until: int
+
+
+@dataclass(frozen=True)
 class Context:
     """What a turn starts from, read in one round trip."""
 
@@ -128,6 +150,7 @@ class Context:
     replay: Replay | None
     claimed: bool = False  # the client_message_id is ours until the turn is recorded
     limits: Limits | None = None  # None for a replay
+    summary: Summary | None = None  # None: no usable summary
 
 
 @dataclass
@@ -147,6 +170,9 @@ class Turn:
     new_session: bool = False
     # The user message's embedding, stored with it (None: none could be made).
     embedding: list[float] | None = None
+    # Queue the session for its summary once this many of its messages are
+    # outside the summary (the window + SUMMARY_TRIGGER_MESSAGES); None: never.
+    summary_due_after: int | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -243,6 +269,7 @@ async def load_context(
         return Context(info, False, None, [], Replay(replay))
     resolved_agent = info.agent_name if info else agent_name
     limits = result["limits"]
+    summary = result.get("summary")
     return Context(
         session=info,
         expired=bool(session and session["expired"]),
@@ -255,6 +282,7 @@ async def load_context(
             max_notes_chars=limits["max_notes_chars"],
             max_session_ttl=timedelta(seconds=float(limits["max_session_ttl_seconds"])),
         ),
+        summary=Summary(summary["text"], int(summary["covers_until"])) if summary else None,
     )
 
 
@@ -278,7 +306,7 @@ def _notes_from_json(agent_name: str, row: Mapping[str, Any] | None) -> Notes:
 
 
 RECORD_TURN = (
-    "select memchat.record_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::extensions.vector)"
+    "select memchat.record_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::extensions.vector, %s)"
 )
 
 _POINT_ACTIVE = """
@@ -315,6 +343,7 @@ async def record_turn(db: Database, caller: Caller, turn: Turn) -> SessionInfo:
         turn.notes_version,
         turn.new_session,
         vector_literal(turn.embedding),
+        turn.summary_due_after,
     )
     try:
         async with db.pipeline(caller.claims) as conn:
@@ -521,8 +550,12 @@ _CLEAR_MESSAGES = sql.SQL(
 ).format(target=_TARGET)
 _CLEAR_MARK = sql.SQL(
     "update public.chat_sessions set status = 'cleared', message_count = 0,"
-    " title = null, summary = null where id = {target}"
+    " title = null, summary = null, summary_covers_until = null,"
+    " summary_covers_count = 0, summary_updated_at = null where id = {target}"
 ).format(target=_TARGET)
+_CLEAR_QUEUE = sql.SQL("delete from memchat.summary_queue where session_id = {target}").format(
+    target=_TARGET
+)
 _CLEAR_NEW_SESSION = sql.SQL(
     "insert into public.chat_sessions as s (id, user_id, agent_name, expires_at)"
     " select %(new_id)s, %(user_id)s, t.agent_name, memchat.session_expiry(%(ttl)s)"
@@ -560,6 +593,7 @@ async def clear_session(
         deleted = conn.cursor()
         await deleted.execute(_CLEAR_MESSAGES, params)
         await conn.execute(_CLEAR_MARK, params)
+        await conn.execute(_CLEAR_QUEUE, params)
         created = conn.cursor()
         await created.execute(_CLEAR_NEW_SESSION, params)
         await conn.execute(_POINT_ACTIVE, {"session_id": params["new_id"]})
@@ -774,6 +808,144 @@ async def database_ok(db: Database) -> bool:
 
 def dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+# ------------------------------------------------------------ summaries
+# The worker (usecases/summarize.py) logs in as `memchat_worker`: the queue
+# statements below run as that role and see ids only; everything about a
+# session runs as its owner (`caller`), under RLS, like an API request.
+
+_CLAIM_DUE = """
+update memchat.summary_queue q
+   set next_attempt_at = now() + make_interval(secs => %(lease)s)
+ where q.session_id in (
+       select d.session_id from memchat.summary_queue d
+        where d.next_attempt_at <= now()
+        order by d.next_attempt_at
+        limit %(limit)s
+          for update skip locked)
+returning q.session_id, q.user_id, q.attempts
+"""
+_SUMMARY_LAG = """
+select extract(epoch from now() - min(q.due_since))
+  from memchat.summary_queue q where q.next_attempt_at <> 'infinity'
+"""
+_SUMMARY_FAILED = """
+update memchat.summary_queue
+   set attempts = %(attempts)s,
+       next_attempt_at = case when %(retry_in)s::float8 is null then 'infinity'::timestamptz
+                              else now() + make_interval(secs => %(retry_in)s::float8) end
+ where session_id = %(session_id)s
+"""
+SUMMARY_SOURCE = "select memchat.summary_source(%s, %s, %s)"
+SAVE_SUMMARY = "select memchat.save_summary(%s, %s, %s, %s, %s)"
+_SETTLE_SUMMARY = "select memchat.settle_summary(%s, null)"
+
+
+@dataclass(frozen=True)
+class DueSummary:
+    """A session the worker claimed, and whose it is."""
+
+    session_id: uuid.UUID
+    user_id: uuid.UUID
+    attempts: int  # failures in a row so far
+
+
+@dataclass(frozen=True)
+class SourceMessage:
+    id: int
+    role: str  # "user" | "assistant"
+    text: str
+
+
+@dataclass(frozen=True)
+class SummarySource:
+    """What one refresh summarizes: the summary so far, the messages after it."""
+
+    session_id: uuid.UUID
+    summary: str | None
+    covers_until: int | None
+    messages: list[SourceMessage]
+    boundary: int  # the last message id the refresh covers
+
+
+async def claim_due_summaries(
+    db: Database, *, limit: int, lease_seconds: float
+) -> list[DueSummary]:
+    """Lease up to `limit` due sessions for `lease_seconds` (FOR UPDATE SKIP LOCKED
+    in one short transaction: another worker skips them; a turn never waits
+    longer than this statement)."""
+    async with db.pipeline(None) as conn:
+        cur = conn.cursor()
+        await cur.execute(_CLAIM_DUE, {"limit": limit, "lease": lease_seconds})
+    return [DueSummary(r[0], r[1], r[2]) for r in await cur.fetchall()]
+
+
+async def summary_lag(db: Database) -> float | None:
+    """Seconds the oldest due session has been waiting (None: none is due)."""
+    async with db.pipeline(None) as conn:
+        cur = conn.cursor()
+        await cur.execute(_SUMMARY_LAG)
+    row = await cur.fetchone()
+    return float(row[0]) if row and row[0] is not None else None
+
+
+async def summary_failed(
+    db: Database, session_id: uuid.UUID, *, attempts: int, retry_in: float | None
+) -> None:
+    """Record a failed refresh: retry after `retry_in` seconds (None: give up
+    until the session's next turn queues it again)."""
+    async with db.pipeline(None) as conn:
+        await conn.execute(
+            _SUMMARY_FAILED,
+            {"session_id": session_id, "attempts": attempts, "retry_in": retry_in},
+        )
+
+
+async def summary_source(
+    db: Database, caller: Caller, session_id: uuid.UUID, *, window: int, chunk: int
+) -> SummarySource | None:
+    """As the owner: the summary so far and up to `chunk` messages after it
+    that have left a `window`-message window (None: nothing to summarize)."""
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(SUMMARY_SOURCE, (session_id, window, chunk))
+    row = await cur.fetchone()
+    found = row[0] if row else None
+    if not found:
+        return None
+    roles = {"human": "user", "ai": "assistant"}
+    return SummarySource(
+        session_id=session_id,
+        summary=found["summary"],
+        covers_until=found["covers_until"],
+        messages=[
+            SourceMessage(m["id"], roles.get(m["type"], "assistant"), m["content"] or "")
+            for m in found["messages"]
+        ],
+        boundary=int(found["boundary"]),
+    )
+
+
+async def save_summary(
+    db: Database, caller: Caller, source: SummarySource, text: str, *, due_after: int
+) -> bool:
+    """As the owner: store `text` as the summary up to `source.boundary`, if the
+    session still has the summary it was made from (no clear, no other worker
+    in between); the session stays queued while `due_after` or more of its
+    messages are outside its summary. Returns whether it was stored."""
+    args = (source.session_id, text, source.boundary, source.covers_until, due_after)
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(SAVE_SUMMARY, args)
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def summary_settled(db: Database, caller: Caller, session_id: uuid.UUID) -> None:
+    """As the owner: take a session with nothing to summarize off the queue."""
+    async with db.pipeline(caller.claims) as conn:
+        await conn.execute(_SETTLE_SUMMARY, (session_id,))
 
 
 # -------------------------------------------------------------- cleanup

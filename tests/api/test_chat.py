@@ -603,6 +603,8 @@ async def test_use_memory_false_reads_and_stores_nothing(
         "recall_ms": 0.0,
         "recall_status": "disabled",
         "recalled": [],
+        "summary_used": False,
+        "summary_covers_until": None,
     }
     assert body["session"] is None and fresh["session"] is None
     assert body["session_id"] == sid
@@ -669,6 +671,8 @@ async def test_response_shape_is_the_contracts(api: ApiClient, model: FakeOpenAI
         "recall_ms",
         "recall_status",
         "recalled",
+        "summary_used",
+        "summary_covers_until",
     }
     assert body["memory"]["enabled"] is True
     assert body["memory"]["recall_status"] == "ok" and body["memory"]["recalled"] == []

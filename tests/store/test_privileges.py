@@ -38,7 +38,7 @@ from tests.utils.store_data import (
 from tests.utils.users import UserFactory
 
 PRIVILEGES = ["select", "insert", "update", "delete", "truncate", "references", "trigger"]
-LOGIN_ROLES = ["memchat_api", "memchat_cleanup"]
+LOGIN_ROLES = ["memchat_api", "memchat_cleanup", "memchat_worker"]
 TOO_LARGE, NOT_ALLOWED = "MC413", "MC422"
 
 
@@ -92,6 +92,41 @@ def test_the_api_login_has_no_rights_of_its_own(admin: psycopg.Connection) -> No
         " from pg_roles where rolname = 'memchat_api'"
     ).fetchone()
     assert (inherits, schema_usage) == (False, False)
+
+
+def test_the_summary_worker_sees_the_queues_ids_and_nothing_else(
+    admin: psycopg.Connection,
+) -> None:
+    """Its one right of its own: which sessions are due, and whose."""
+    held = {
+        (table, privilege)
+        for table in all_tables(admin)
+        for privilege in PRIVILEGES
+        if admin.execute(
+            "select has_table_privilege('memchat_worker', %s, %s)", (table, privilege)
+        ).fetchone()
+        == (True,)
+    }
+    assert held == set()  # no table-wide right anywhere
+    columns = admin.execute(
+        "select column_name, privilege_type from information_schema.column_privileges"
+        " where grantee = 'memchat_worker' order by 1, 2"
+    ).fetchall()
+    assert {c for c, _ in columns} == {
+        "session_id",
+        "user_id",
+        "due_since",
+        "attempts",
+        "next_attempt_at",
+    }
+    assert {(c, p) for c, p in columns if p == "UPDATE"} == {
+        ("attempts", "UPDATE"),
+        ("next_attempt_at", "UPDATE"),
+    }
+    (inherits,) = admin.execute(
+        "select rolinherit from pg_roles where rolname = 'memchat_worker'"
+    ).fetchone()
+    assert inherits is False
 
 
 # Everything the store sends, minus the switch. None may run.

@@ -105,6 +105,10 @@ class MemoryInfo(BaseModel):
     recall_ms: float = Field(description="What the turn waited for recall after loading.")
     recall_status: Literal["ok", "disabled", "failed"]
     recalled: list[RecalledExchange]
+    summary_used: bool = Field(description="The session's rolling summary was in the prompt.")
+    summary_covers_until: int | None = Field(
+        description="The last message the summary used covers (null: no summary used)."
+    )
 
 
 class SessionMeta(BaseModel):

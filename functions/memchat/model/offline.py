@@ -22,7 +22,12 @@ from typing import Any
 
 import httpx2 as httpx  # the HTTP library of the openai SDK (>= 3)
 
-from memchat.messages import NOTES_PREAMBLE, RECALL_PREAMBLE
+from memchat.messages import (
+    NOTES_PREAMBLE,
+    RECALL_PREAMBLE,
+    SUMMARY_INSTRUCTIONS,
+    SUMMARY_PREAMBLE,
+)
 from memchat.model.embeddings import local_embedding
 
 LABEL = "[offline responder: set OPENAI_API_KEY for real answers]"
@@ -33,6 +38,8 @@ _QUOTE_CHARS = 200
 
 
 def _reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    if _system_message(messages, SUMMARY_INSTRUCTIONS.split("{", 1)[0]):
+        return {"role": "assistant", "content": _summary(messages)}
     last = messages[-1] if messages else {}
     if last.get("role") == "tool":
         return {"role": "assistant", "content": f"{LABEL} Noted, I will remember that."}
@@ -59,6 +66,9 @@ def _reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
     parts = [LABEL, f'You said: "{user_text}".']
     if recalled:
         parts.append(f'From an earlier conversation I recall you said: "{recalled}".')
+    summary = _system_message(messages, SUMMARY_PREAMBLE)
+    if summary:
+        parts.append("My summary of our earlier messages: " + summary.split("\n", 1)[-1][:300])
     parts.append(
         f'I remember {len(history)} earlier messages; your last one was "{earlier[-1]}".'
         if earlier
@@ -68,6 +78,28 @@ def _reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
         parts.append("My notes about you: " + notes.split("\n", 1)[-1].replace("\n", " "))
     parts.append('(Say "remember <fact>" to add to my long-term notes.)')
     return {"role": "assistant", "content": " ".join(parts)}
+
+
+# What the worker sends (usecases/summarize.py): the summary so far, then the
+# new messages as "User: ..." / "Assistant: ..." lines.
+_SUMMARY_SO_FAR = "Summary so far:"
+_NEW_MESSAGES = "New messages:"
+_SUMMARY_LIMIT = 600
+
+
+def _summary(messages: list[dict[str, Any]]) -> str:
+    """A stand-in summary: what the user said, newest last, within a bound."""
+    text = str(messages[-1].get("content", "")) if messages else ""
+    before, _, new = text.partition(_NEW_MESSAGES)
+    earlier = before.replace(_SUMMARY_SO_FAR, "").strip()
+    said = [
+        line[len("User: ") :].strip()[:80] for line in new.splitlines() if line.startswith("User: ")
+    ]
+    points = [p for p in (earlier.removeprefix("[offline summary] "),) if p and p != "(none yet)"]
+    if said:
+        points.append("The user said: " + "; ".join(f'"{s}"' for s in said) + ".")
+    summary = " ".join(points) or "Nothing to summarize yet."
+    return "[offline summary] " + summary[-_SUMMARY_LIMIT:]
 
 
 def _system_message(messages: list[dict[str, Any]], preamble: str) -> str:

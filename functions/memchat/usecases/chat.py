@@ -191,7 +191,8 @@ class ChatService:
                 window=self._window(request),
             ),
         )
-        memory = self._fit(notes.notes, recalled.hits, context.messages)
+        summary = context.summary
+        memory = self._fit(notes.notes, recalled.hits, context.messages, summary)
         prompt = [
             {"role": "system", "content": self.system_prompt},
             *memory.messages(),
@@ -214,6 +215,7 @@ class ChatService:
             notes_version=notes.version,
             new_session=context.session is None and request.session_id is None,
             embedding=await pending.embedding_to_store(caller, recalled),
+            summary_due_after=self._window(request) + self.settings.summary_trigger_messages,
         )
         record_started = time.perf_counter()
         try:
@@ -256,6 +258,7 @@ class ChatService:
                 truncated=memory.truncated,
                 context_tokens=memory.tokens,
                 recalled=dataclasses.replace(recalled, hits=memory.hits),  # those used
+                summary_covers_until=summary.covers_until if summary and memory.summary else None,
             ),
             session=session,
             timings=timings,
@@ -345,9 +348,14 @@ class ChatService:
         )
 
     def _fit(
-        self, notes: str, hits: list[store.Hit], stored: list[dict[str, Any]]
+        self,
+        notes: str,
+        hits: list[store.Hit],
+        stored: list[dict[str, Any]],
+        summary: store.Summary | None,
     ) -> prompt.MemoryPrompt:
-        """Notes, recalled exchanges and the window within MEMORY_MAX_CONTEXT_TOKENS."""
+        """Notes, recalled exchanges, the summary and the window within
+        MEMORY_MAX_CONTEXT_TOKENS."""
         from memchat.model.tokens import counter_for_model
 
         window = [m for m in (messages.to_openai(s) for s in stored) if m is not None]
@@ -357,6 +365,7 @@ class ChatService:
             notes=notes,
             hits=hits,
             window=window,
+            summary=summary.text if summary else "",
             max_window_chars=self.settings.memory_max_context_chars,
         )
 
@@ -478,6 +487,7 @@ def _memory(
     truncated: bool = False,
     context_tokens: int = 0,
     recalled: Recalled = NOT_RECALLED,
+    summary_covers_until: int | None = None,
 ) -> dict[str, Any]:
     """The response's `memory` metadata."""
     return {
@@ -491,6 +501,8 @@ def _memory(
         "recall_ms": round(recalled.ms, 3),
         "recall_status": recalled.status,
         "recalled": recalled.as_list(),
+        "summary_used": summary_covers_until is not None,
+        "summary_covers_until": summary_covers_until,
     }
 
 

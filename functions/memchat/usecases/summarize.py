@@ -1,0 +1,219 @@
+"""The rolling summary worker: each long session's summary of what left its window.
+
+A chat turn never summarizes. When a turn leaves more than
+SUMMARY_TRIGGER_MESSAGES messages beyond the window outside the session's
+summary, it queues the session (memchat.summary_queue, in the turn's own
+transaction). This worker, run on a schedule (the SummaryFunction, `memchat
+summarize`, `memchat dev` in the background), claims due sessions a batch at
+a time and refreshes each summary incrementally: the model gets the previous
+summary plus only the messages that left the window since (at most
+SUMMARY_CHUNK_MESSAGES; a longer backlog takes several refreshes), so a
+refresh costs the same however long the session is.
+
+Who sees what: the worker logs in as `memchat_worker`, which may read the
+queue's ids and nothing else. Everything it does with a session it does as
+that session's owner (`memchat_user` with the owner's id as claims, exactly
+as an API request), so row-level security still decides what it sees.
+
+Claims: a claim (FOR UPDATE SKIP LOCKED, one short transaction) leases the
+session for as long as a model call may take, so two workers never
+summarize one session at once, and a turn recording meanwhile waits at most
+for that short transaction. A model failure keeps the old summary and
+retries later, backing off; after SUMMARY_MAX_ATTEMPTS failures in a row
+the session is skipped (logged, counted) until its next turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from memchat import messages, store
+from memchat.errors import UpstreamError, UpstreamTimeout
+
+if TYPE_CHECKING:
+    from memchat.config import Settings
+    from memchat.db import Database
+    from memchat.model.client import ModelClient
+
+logger = logging.getLogger(__name__)
+
+# Sessions summarized at once: the model calls overlap, the database work
+# takes turns on the worker's connection.
+CONCURRENCY = 4
+# Retries back off: 1, 2, 4, ... minutes, at most 6 hours.
+BACKOFF_FIRST_SECONDS = 60.0
+BACKOFF_MAX_SECONDS = 6 * 3600.0
+# Time a Lambda keeps back to finish its summaries, log and return.
+LAMBDA_RESERVE_SECONDS = 5.0
+# A summary of about this many words fits SUMMARY_MAX_TOKENS in English.
+WORDS_PER_TOKEN = 0.75
+
+
+@dataclass
+class SummaryRun:
+    summarized: int = 0
+    failed: int = 0
+    gave_up: int = 0
+    skipped: int = 0  # nothing left to summarize (cleared, deleted, caught up)
+    rounds: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    lag_seconds: float | None = None  # the oldest due session's wait, at the start
+    duration_ms: float = 0.0
+    finished: bool = False  # nothing due was left
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dict(vars(self))
+        out["duration_ms"] = round(self.duration_ms, 1)
+        if self.lag_seconds is not None:
+            out["lag_seconds"] = round(self.lag_seconds, 1)
+        return out
+
+
+def owner(user_id: uuid.UUID) -> store.Caller:
+    """The claims the worker acts with for a session's owner: the owner's id,
+    as a signed-in user's token would carry it."""
+    claims = {"sub": str(user_id), "role": "authenticated", "aud": "authenticated"}
+    return store.Caller(user_id=user_id, claims=claims)
+
+
+def summary_prompt(source: store.SummarySource, max_tokens: int) -> list[dict[str, str]]:
+    lines = [
+        f"{'User' if m.role == 'user' else 'Assistant'}: {' '.join(m.text.split())}"
+        for m in source.messages
+    ]
+    text = "\n".join(
+        [
+            "Summary so far:",
+            source.summary or "(none yet)",
+            "",
+            "New messages:",
+            *lines,
+        ]
+    )
+    max_words = max(20, int(max_tokens * WORDS_PER_TOKEN))
+    return [
+        {"role": "system", "content": messages.SUMMARY_INSTRUCTIONS.format(max_words=max_words)},
+        {"role": "user", "content": text},
+    ]
+
+
+@dataclass
+class Summarizer:
+    db: Database  # logged in as memchat_worker
+    model: ModelClient
+    settings: Settings
+    clock: Callable[[], float] = time.monotonic
+
+    async def run(
+        self,
+        *,
+        max_seconds: float | None = None,
+        remaining_ms: Callable[[], int] | None = None,
+    ) -> SummaryRun:
+        """Summarize due sessions until none is left or the time is up.
+
+        `remaining_ms` is the Lambda context's; `max_seconds` caps a CLI run.
+        """
+        started = self.clock()
+        run = SummaryRun(lag_seconds=await store.summary_lag(self.db))
+
+        def seconds_left() -> float:
+            left = float("inf")
+            if max_seconds is not None:
+                left = max_seconds - (self.clock() - started)
+            if remaining_ms is not None:
+                left = min(left, remaining_ms() / 1000 - LAMBDA_RESERVE_SECONDS)
+            return left
+
+        while seconds_left() > self._lease_seconds() / 2:
+            due = await store.claim_due_summaries(
+                self.db, limit=self.settings.summary_batch_size, lease_seconds=self._lease_seconds()
+            )
+            if not due:
+                run.finished = True
+                break
+            run.rounds += 1
+            slots = asyncio.Semaphore(CONCURRENCY)
+            await asyncio.gather(*(self._in_slot(slots, item, run) for item in due))
+        run.duration_ms = (self.clock() - started) * 1000
+        logger.info("summaries", extra={"summaries": run.as_dict()})
+        return run
+
+    def _due_after(self) -> int:
+        """Messages outside a session's summary that make it due (as turns count)."""
+        return self.settings.memory_max_history_messages + self.settings.summary_trigger_messages
+
+    def _lease_seconds(self) -> float:
+        """How long a claimed session is this worker's: one model call and margin."""
+        settings = self.settings
+        return settings.openai_timeout_seconds * (settings.openai_max_retries + 1) + 30.0
+
+    async def _in_slot(
+        self, slots: asyncio.Semaphore, item: store.DueSummary, run: SummaryRun
+    ) -> None:
+        async with slots:
+            await self._summarize(item, run)
+
+    async def _summarize(self, item: store.DueSummary, run: SummaryRun) -> None:
+        caller = owner(item.user_id)
+        settings = self.settings
+        source = await store.summary_source(
+            self.db,
+            caller,
+            item.session_id,
+            window=settings.memory_max_history_messages,
+            chunk=settings.summary_chunk_messages,
+        )
+        if source is None:
+            await store.summary_settled(self.db, caller, item.session_id)
+            run.skipped += 1
+            return
+        prompt = summary_prompt(source, settings.summary_max_tokens)
+        try:
+            completion = await self.model.complete(prompt)
+        except (UpstreamError, UpstreamTimeout) as exc:
+            await self._failed(item, run, type(exc).__name__)
+            return
+        from memchat.model.tokens import counter_for_model
+
+        counter = counter_for_model(self.model.model)
+        text = counter.truncate(completion.content.strip(), settings.summary_max_tokens)
+        if not text:
+            await self._failed(item, run, "empty summary")
+            return
+        await store.save_summary(self.db, caller, source, text, due_after=self._due_after())
+        run.summarized += 1
+        run.tokens_in += completion.usage.get("prompt_tokens", 0)
+        run.tokens_out += completion.usage.get("completion_tokens", 0)
+
+    async def _failed(self, item: store.DueSummary, run: SummaryRun, reason: str) -> None:
+        attempts = item.attempts + 1
+        give_up = attempts >= self.settings.summary_max_attempts
+        retry_in = min(BACKOFF_FIRST_SECONDS * 2 ** (attempts - 1), BACKOFF_MAX_SECONDS)
+        await store.summary_failed(
+            self.db, item.session_id, attempts=attempts, retry_in=None if give_up else retry_in
+        )
+        run.failed += 1
+        if give_up:
+            run.gave_up += 1
+            logger.error(
+                "summary given up until the session's next turn",
+                extra={"session_id": str(item.session_id), "attempts": attempts, "reason": reason},
+            )
+        else:
+            logger.warning(
+                "summary failed; will retry",
+                extra={
+                    "session_id": str(item.session_id),
+                    "attempts": attempts,
+                    "retry_in_seconds": retry_in,
+                    "reason": reason,
+                },
+            )
