@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from memchat.config import Settings
+
 DEFAULT_EMAIL = "dev@example.test"
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -131,6 +133,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
         _err(str(exc))
         return 2
     _add_chat_page(app)
+    if args.summary_every > 0:
+        _summaries_in_background(url, overrides, args.summary_every)
     page_token = mint_local_token(None, DEFAULT_EMAIL, 3600 * 12)
     base = f"http://{args.host}:{args.port}"
     _err(f"API on {base}   docs: {base}/docs")
@@ -151,6 +155,45 @@ def _add_chat_page(app: FastAPI) -> None:
     @app.get("/", include_in_schema=False)
     async def chat_page() -> HTMLResponse:
         return HTMLResponse(page)
+
+
+def _worker_settings(owner_url: str, overrides: dict[str, Any]) -> Settings:
+    """Settings for the summary worker: its own role where it can log in."""
+    from memchat import devdb
+    from memchat.config import load_settings
+
+    worker_url = _role_url(owner_url, devdb.WORKER_ROLE) or owner_url
+    values = {**overrides, "database_url": worker_url, "route_groups": "summaries"}
+    values.pop("cors_allow_origins", None)
+    if not os.environ.get("OPENAI_API_KEY"):
+        values["offline_model"] = True
+    return load_settings(**values)
+
+
+def _summaries_in_background(owner_url: str, overrides: dict[str, Any], every: float) -> None:
+    """The summary worker, every `every` seconds, beside `memchat dev` (what the
+    deployed SummaryFunction does on its schedule)."""
+    import asyncio
+    import threading
+
+    from memchat.usecases.summarize import Summarizer
+
+    settings = _worker_settings(owner_url, {"db_max_connections": 2, **overrides})
+    log = logging.getLogger("memchat.summaries")
+
+    async def keep_summarizing() -> None:
+        summarizer = Summarizer.for_settings(settings)
+        while True:
+            try:
+                run = await summarizer.run(max_seconds=60)
+                if run.summarized:
+                    log.info("summarized %d session(s)", run.summarized)
+            except Exception:
+                log.exception("the summary worker failed; retrying")
+            await asyncio.sleep(every)
+
+    threading.Thread(target=asyncio.run, args=(keep_summarizing(),), daemon=True).start()
+    _err(f"summaries:  the worker runs every {every:g} s (--summary-every)")
 
 
 # ---------------------------------------------------------------- migrate
@@ -331,6 +374,34 @@ def _cleanup_url() -> str:
     return _role_url(url, devdb.CLEANUP_ROLE) or url
 
 
+# -------------------------------------------------------------- summarize
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    """Summarize the sessions that are due now (what the SummaryFunction does)."""
+    import asyncio
+
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING").upper())
+    from memchat.config import ConfigError
+    from memchat.usecases.summarize import Summarizer
+
+    try:
+        settings = _worker_settings(_database_url(), {})
+    except ConfigError as exc:
+        _err(str(exc))
+        return 2
+
+    async def once() -> dict[str, Any]:
+        summarizer = Summarizer.for_settings(settings)
+        try:
+            return (await summarizer.run(max_seconds=args.max_seconds)).as_dict()
+        finally:
+            await summarizer.close()
+
+    print(json.dumps(asyncio.run(once()), indent=2))
+    return 0
+
+
 # ------------------------------------------------------------------- main
 
 
@@ -341,6 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     dev = sub.add_parser("dev", help="run the API locally (embedded PostgreSQL if no DATABASE_URL)")
     dev.add_argument("--host", default="127.0.0.1")
     dev.add_argument("--port", type=int, default=8000)
+    dev.add_argument(
+        "--summary-every",
+        type=float,
+        default=10.0,
+        help="run the summary worker every N seconds in the background (0: never; default 10)",
+    )
     dev.set_defaults(func=cmd_dev)
 
     mig = sub.add_parser("migrate", help="apply supabase/migrations to DATABASE_URL")
@@ -371,6 +448,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="pause this many times each batch's duration between batches (default 1; 0: none)",
     )
     clean.set_defaults(func=cmd_cleanup)
+
+    summ = sub.add_parser("summarize", help="refresh the rolling summaries that are due now")
+    summ.add_argument("--max-seconds", type=float, default=None, help="stop after about N s")
+    summ.set_defaults(func=cmd_summarize)
     return parser
 
 

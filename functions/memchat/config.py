@@ -23,11 +23,15 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 AGENT_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 
-# The route groups a process may serve (ROUTE_GROUPS), one per HTTP function
-# in template.yaml: chat = POST /chat; sessions = clear-session, sessions,
-# memory and account; export = the two exports. GET /health is always served.
-RouteGroup = Literal["chat", "sessions", "export"]
+# What a process serves (ROUTE_GROUPS), one group per function in
+# template.yaml: chat = POST /chat; sessions = clear-session, sessions,
+# memory and account; export = the two exports (GET /health is always
+# served with any of those); summaries = the rolling summary worker, no HTTP.
+RouteGroup = Literal["chat", "sessions", "export", "summaries"]
 ROUTE_GROUPS: tuple[RouteGroup, ...] = get_args(RouteGroup)
+HTTP_GROUPS: tuple[RouteGroup, ...] = ("chat", "sessions", "export")
+# The groups that call the model, and so read OPENAI_API_KEY.
+MODEL_GROUPS: tuple[RouteGroup, ...] = ("chat", "summaries")
 
 # Whole values that are never a real secret (compared lowercased, unquoted).
 _PLACEHOLDER_VALUES = frozenset(
@@ -76,40 +80,48 @@ def is_placeholder(value: str, variable: str) -> bool:
 
 
 def parse_route_groups(value: object) -> frozenset[RouteGroup]:
-    """ROUTE_GROUPS as a set: a comma-separated string or an iterable; None is all."""
+    """ROUTE_GROUPS as a set: a comma-separated string or an iterable; None is
+    every HTTP group (the whole API, as `memchat dev` and the tests serve it)."""
     if value is None:
-        return frozenset(ROUTE_GROUPS)
+        return frozenset(HTTP_GROUPS)
     if isinstance(value, str):
         names = [name.strip().lower() for name in value.split(",") if name.strip()]
     elif isinstance(value, Iterable):
         names = [str(name).strip().lower() for name in value]
     else:
-        raise ValueError("must be a comma-separated list of chat, sessions, export")
+        raise ValueError("must be a comma-separated list of chat, sessions, export, summaries")
     unknown = sorted(set(names) - set(ROUTE_GROUPS))
     if unknown:
         raise ValueError(
-            f"unknown route group {', '.join(map(repr, unknown))}: use chat, sessions, export"
+            f"unknown route group {', '.join(map(repr, unknown))}:"
+            " use chat, sessions, export, summaries"
         )
     if not names:
-        raise ValueError("name at least one of chat, sessions, export")
+        raise ValueError("name at least one of chat, sessions, export, summaries")
     return frozenset(name for name in ROUTE_GROUPS if name in names)
 
 
 def secret_settings(route_groups: Iterable[str]) -> tuple[str, ...]:
     """The secret settings a process serving these route groups reads.
 
-    Every HTTP function connects to the database and checks tokens; only chat
-    calls the model, so only a process serving chat reads OPENAI_API_KEY.
+    Every process connects to the database; the HTTP functions check tokens;
+    only chat and the summary worker call the model, so only they read
+    OPENAI_API_KEY.
     """
-    names = ("database_url", "supabase_jwt_secret")
-    return (*names, "openai_api_key") if "chat" in set(route_groups) else names
+    groups = set(route_groups)
+    names: tuple[str, ...] = ("database_url",)
+    if groups & set(HTTP_GROUPS):
+        names += ("supabase_jwt_secret",)
+    if groups & set(MODEL_GROUPS):
+        names += ("openai_api_key",)
+    return names
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_file=None, extra="ignore", case_sensitive=False)
 
     # What this process serves (template.yaml gives each function its own).
-    route_groups: Annotated[frozenset[RouteGroup], NoDecode] = frozenset(ROUTE_GROUPS)
+    route_groups: Annotated[frozenset[RouteGroup], NoDecode] = frozenset(HTTP_GROUPS)
 
     database_url: str = Field(min_length=1)
     supabase_url: str | None = None
@@ -154,6 +166,11 @@ class Settings(BaseSettings):
     summary_max_attempts: int = Field(default=5, ge=1, le=100)
     # Sessions claimed per worker round.
     summary_batch_size: int = Field(default=20, ge=1, le=1000)
+    # At most this many summaries a second: with a real model (about a second
+    # each, four at once) the worker hardly reaches it; with a very fast one
+    # it keeps the worker from crowding out the chat turns (measured:
+    # docs/benchmarks.md, "Rolling summaries"). 0: no cap.
+    summary_max_per_second: float = Field(default=5.0, ge=0, le=10_000)
     session_ttl_hours: float = Field(default=168, gt=0)
     cleanup_batch_size: int = Field(default=1000, ge=1, le=100000)
     max_message_chars: int = Field(default=16000, ge=1)
@@ -206,7 +223,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_secrets(self) -> Settings:
-        if not self.supabase_jwt_secret and not self.supabase_url:
+        checks_tokens = bool(self.route_groups & set(HTTP_GROUPS))
+        if checks_tokens and not self.supabase_jwt_secret and not self.supabase_url:
             raise ValueError(
                 "set SUPABASE_JWT_SECRET (HS256 projects) or SUPABASE_URL (JWKS signing keys)"
             )
@@ -215,8 +233,8 @@ class Settings(BaseSettings):
             is_placeholder(secret, "SUPABASE_JWT_SECRET") or len(secret) < 32
         ):
             raise ValueError("SUPABASE_JWT_SECRET must be the project's JWT secret (>= 32 chars)")
-        if not self.serves("chat"):
-            # Narrowed: a process without the chat routes never holds the model key.
+        if not self.route_groups & set(MODEL_GROUPS):
+            # Narrowed: a process that never calls the model never holds its key.
             self.openai_api_key = None
             return self
         key = self.openai_api_key

@@ -9,7 +9,8 @@
   POWERTOOLS_LOGGER_LOG_EVENT says.
 - Metrics: CloudWatch embedded metric format, namespace "memchat": request
   latency and counts per route, chat-turn timings and tokens (through the
-  chat service's turn observer), cleanup counts, and the cold-start metric.
+  chat service's turn observer), cleanup counts, summary-worker counts,
+  tokens and lag, and the cold-start metric.
 - Traces: X-Ray through Powertools Tracer, only when asked for with
   POWERTOOLS_TRACE_DISABLED=false (the template's EnableTracing parameter)
   and aws-xray-sdk is installed; responses and errors are never attached.
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 
     from memchat.usecases.chat import ChatResult
     from memchat.usecases.cleanup import CleanupResult
+    from memchat.usecases.summarize import SummaryRun
 
 SERVICE = "memchat"
 NAMESPACE = "memchat"
@@ -164,3 +166,19 @@ def record_cleanup(result: CleanupResult) -> None:
     metrics.add_metric(
         name="CleanupUnfinished", unit=MetricUnit.Count, value=int(not result.finished)
     )
+
+
+def record_summaries(run: SummaryRun) -> None:
+    """A summary worker run: sessions summarized, failures, tokens, lag."""
+    count = MetricUnit.Count
+    metrics.add_metric(name="SessionsSummarized", unit=count, value=run.summarized)
+    metrics.add_metric(name="SummaryFailures", unit=count, value=run.failed)
+    metrics.add_metric(name="SummariesGivenUp", unit=count, value=run.gave_up)
+    metrics.add_metric(name="SummaryTokensIn", unit=count, value=run.tokens_in)
+    metrics.add_metric(name="SummaryTokensOut", unit=count, value=run.tokens_out)
+    metrics.add_metric(
+        name="SummaryRunDuration", unit=MetricUnit.Milliseconds, value=run.duration_ms
+    )
+    # How long the oldest due session had waited when the run began (0: none due).
+    metrics.add_metric(name="SummaryLag", unit=MetricUnit.Seconds, value=run.lag_seconds or 0.0)
+    metrics.add_metric(name="SummaryUnfinished", unit=count, value=int(not run.finished))

@@ -443,3 +443,17 @@ async def test_the_worker_reads_a_session_only_as_its_owner(
                 await conn.execute("select summary from public.chat_sessions")
     finally:
         await db.close()
+
+
+async def test_a_worker_with_little_time_left_starts_no_round(
+    api: ApiClient, workers: Callable[..., Summarizer]
+) -> None:
+    """In Lambda a round must end before the timeout: with less time left than
+    one model call may take, nothing is claimed (the next run takes it)."""
+    _, auth = api.new_user()
+    await long_session(api, auth, 12)
+    worker = workers()
+    call_ms = int(worker.settings.openai_timeout_seconds * 1000)
+    starved = await worker.run(remaining_ms=lambda: call_ms + 5000 - 1)
+    assert (starved.rounds, starved.summarized) == (0, 0)
+    assert (await worker.run(remaining_ms=lambda: 120_000)).summarized == 1

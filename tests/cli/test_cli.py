@@ -49,11 +49,23 @@ def _wait_healthy(url: str, proc: subprocess.Popen[str], timeout: float = 60) ->
     raise AssertionError("memchat dev did not become healthy")
 
 
-def _start_dev(env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], str]:
+def _long_conversation(url: str, bearer: dict[str, str], sid: str, prefix: str) -> None:
+    """12 turns in one session: past its window and its summary trigger."""
+    for i in range(12):
+        r = httpx.post(
+            f"{url}/chat",
+            json={"message": f"{prefix} {i}", "session_id": sid},
+            headers=bearer,
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+
+
+def _start_dev(env: dict[str, str], cwd: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
     """`memchat dev` on a free port; returns the process and its base URL."""
     port = _free_port()
     proc = subprocess.Popen(
-        [*MEMCHAT, "dev", "--port", str(port)],
+        [*MEMCHAT, "dev", "--port", str(port), *args],
         env=env,
         cwd=cwd,
         stdout=subprocess.PIPE,
@@ -67,8 +79,13 @@ def _start_dev(env: dict[str, str], cwd: Path) -> tuple[subprocess.Popen[str], s
 def dev_server(admin_url: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """`memchat dev` against the test database, offline model, own JWT secret."""
     secret = "cli-test-secret-" + "x" * 32
-    env = _env(DATABASE_URL=admin_url, SUPABASE_JWT_SECRET=secret, MEMCHAT_HOME=str(tmp_path))
-    proc, url = _start_dev(env, tmp_path)
+    env = _env(
+        DATABASE_URL=admin_url,
+        SUPABASE_JWT_SECRET=secret,
+        MEMCHAT_HOME=str(tmp_path),
+        CHAT_RATE_PER_MINUTE="0",  # these tests send turns faster than a person
+    )
+    proc, url = _start_dev(env, tmp_path, "--summary-every", "0")
     try:
         _wait_healthy(url, proc)
         yield url, env
@@ -78,8 +95,8 @@ def dev_server(admin_url: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, 
 
 
 def test_dev_starts_from_nothing_with_embedded_postgres(tmp_path: Path) -> None:
-    env = _env(MEMCHAT_HOME=str(tmp_path / ".memchat"))
-    proc, url = _start_dev(env, tmp_path)
+    env = _env(MEMCHAT_HOME=str(tmp_path / ".memchat"), CHAT_RATE_PER_MINUTE="0")
+    proc, url = _start_dev(env, tmp_path, "--summary-every", "1")
     try:
         assert _wait_healthy(url, proc) == {"status": "ok", "database": "ok"}
         token = subprocess.run(
@@ -109,6 +126,25 @@ def test_dev_starts_from_nothing_with_embedded_postgres(tmp_path: Path) -> None:
         assert asked.status_code == 200, asked.text
         assert 'I recall you said: "my favourite colour is teal"' in asked.json()["answer"]
         assert asked.json()["memory"]["recall_status"] == "ok"
+        # Summaries appear on a long conversation: the background worker.
+        sid = asked.json()["session_id"]
+        _long_conversation(url, bearer, sid, "planning step")
+        summary = None
+        deadline = time.monotonic() + 30
+        while summary is None and time.monotonic() < deadline:
+            exported = httpx.get(f"{url}/chat/export/{sid}", headers=bearer, timeout=10)
+            summary = exported.json()["session"]["summary"]
+            time.sleep(0.5)
+        assert summary and summary.startswith("[offline summary]")
+        assert "planning step 0" in summary
+        later = httpx.post(
+            f"{url}/chat",
+            json={"message": "where were we?", "session_id": sid},
+            headers=bearer,
+            timeout=30,
+        ).json()
+        assert later["memory"]["summary_used"] is True
+        assert "My summary of our earlier messages:" in later["answer"]
         page = httpx.get(f"{url}/", timeout=5)
         assert page.status_code == 200 and "memchat" in page.text
     finally:
@@ -206,6 +242,39 @@ def test_dev_serves_the_api_as_the_memchat_api_role(
         " and backend_type = 'client backend' and usename like 'memchat%%'"
     ).fetchall()
     assert ("memchat_api",) in pids
+
+
+def test_summarize_runs_the_worker_once(
+    dev_server: tuple[str, dict[str, str]], admin: psycopg.Connection, tmp_path: Path
+) -> None:
+    url, env = dev_server  # started with --summary-every 0: nothing in the background
+    token = subprocess.run(
+        [*MEMCHAT, "token", "--user-id", str(uuid.uuid4())],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    bearer = {"Authorization": f"Bearer {token}"}
+    sid = str(uuid.uuid4())
+    _long_conversation(url, bearer, sid, "step")
+
+    result = subprocess.run(
+        [*MEMCHAT, "summarize", "--max-seconds", "20"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+    report = json.loads(result.stdout)
+    assert report["summarized"] >= 1 and report["failed"] == 0
+    (summary,) = admin.execute(
+        "select summary from public.chat_sessions where id = %s", (uuid.UUID(sid),)
+    ).fetchone()
+    assert summary and "step 0" in summary
 
 
 def test_migrate_is_idempotent(admin_url: str, tmp_path: Path) -> None:

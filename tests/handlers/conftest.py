@@ -200,6 +200,11 @@ class LambdaRuntime:
         http = sys.modules.get(f"{HANDLER_PACKAGE}.http")
         if http is not None:
             loop.run_until_complete(http.app.state.memchat.close())
+        worker = sys.modules.get(f"{HANDLER_PACKAGE}.summarize")
+        if worker is not None:
+            worker.loop.run_until_complete(worker.summarizer.db.close())
+            worker.loop.run_until_complete(worker.summarizer.model.close())
+            worker.loop.close()
 
 
 @pytest.fixture
@@ -249,7 +254,10 @@ def _current_loop() -> asyncio.AbstractEventLoop | None:
 
 @pytest.fixture
 def lambda_(
-    lambda_env: dict[str, str], cleanup_url: str, monkeypatch: pytest.MonkeyPatch
+    lambda_env: dict[str, str],
+    cleanup_url: str,
+    worker_url: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[LambdaRuntime]:
     """A fresh Lambda instance: handler modules imported on first use."""
     # Powertools keeps "is this a cold start" in module globals.
@@ -264,7 +272,9 @@ def lambda_(
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     _purge_instance_modules()
-    runtime = LambdaRuntime({"cleanup": {"DATABASE_URL": cleanup_url}})
+    runtime = LambdaRuntime(
+        {"cleanup": {"DATABASE_URL": cleanup_url}, "summarize": {"DATABASE_URL": worker_url}}
+    )
     try:
         yield runtime
     finally:

@@ -259,6 +259,7 @@ def test_sam_translates_it(translated: dict[str, Any]) -> None:
         (m, p) for _, m, p in HTTP_ROUTES
     }
     assert "CleanupFunctionSchedule" in resources
+    assert "SummaryFunctionSchedule" in resources
     url = resources["ExportFunctionUrl"]
     assert url["Type"] == "AWS::Lambda::Url"
     assert url["Properties"]["InvokeMode"] == "RESPONSE_STREAM"
@@ -300,7 +301,7 @@ def test_every_handler_module_is_deployed() -> None:
         for path in (ROOT / "functions" / "memchat" / "handlers").glob("*.py")
         if path.stem not in {"__init__", "http", "instance"}  # shared set-up, not entry points
     }
-    assert deployed == on_disk == {"chat", "clear", "stream", "cleanup"}
+    assert deployed == on_disk == {"chat", "clear", "stream", "cleanup", "summarize"}
 
 
 async def test_template_routes_are_the_apps_routes(settings: Settings) -> None:
@@ -394,6 +395,7 @@ def test_each_function_can_read_exactly_the_secrets_it_uses(
         "SessionsFunction": {"DatabaseUrlSecret", *jwt},
         "ExportFunction": {"DatabaseUrlSecret", *jwt},
         "CleanupFunction": {"CleanupDatabaseUrlSecret"},
+        "SummaryFunction": {"SummaryDatabaseUrlSecret", "OpenAiApiKeySecret"},
     }
     assert set(FUNCTIONS) == set(expected)
     for function, secrets_used in expected.items():
@@ -401,7 +403,7 @@ def test_each_function_can_read_exactly_the_secrets_it_uses(
         assert readable == secrets_used, function
         # ...and exactly the secrets its environment points at.
         assert set(pointed_at(environment(function, conditions)).values()) == readable, function
-    # The model key in particular: the chat function's alone.
+    # The model key in particular: the chat function's and the summary worker's alone.
     for function in ("SessionsFunction", "ExportFunction", "CleanupFunction"):
         assert "OpenAiApiKeySecret" not in readable_secrets(translated, function, conditions)
 
@@ -497,6 +499,10 @@ def test_secret_policies_allow_reading_only_the_named_secrets() -> None:
     assert actions == {"ssm:GetParameter", "secretsmanager:GetSecretValue"}
     assert '"*"' not in text and '"Resource": "*"' not in text
     assert FUNCTIONS["CleanupFunction"]["Policies"] == [{"Ref": "ReadCleanupSecretsPolicy"}]
+    assert FUNCTIONS["SummaryFunction"]["Policies"] == [
+        {"Ref": "ReadSummarySecretsPolicy"},
+        {"Ref": "ReadModelKeyPolicy"},
+    ]
     assert FUNCTIONS["ChatFunction"]["Policies"] == [
         {"Ref": "ReadApiSecretsPolicy"},
         {"Ref": "ReadModelKeyPolicy"},
@@ -582,7 +588,7 @@ def test_the_schedule_input_drives_the_cleanup_handler(
 ) -> None:
     for name in ("OPENAI_API_KEY", "SUPABASE_JWT_SECRET"):  # it has neither
         monkeypatch.delenv(name)
-    ((function, schedule),) = events_of("ScheduleV2")
+    ((function, schedule),) = [(f, e) for f, e in events_of("ScheduleV2") if f == "CleanupFunction"]
     event = json.loads(schedule["Input"])  # placeholders are filled in by the Scheduler
     assert event["dry_run"] is False
     result = lambda_.invoke(

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from memchat.config import (
+    HTTP_GROUPS,
     ROUTE_GROUPS,
     ConfigError,
     Settings,
@@ -210,10 +211,24 @@ def test_one_placeholder_rule_for_both_secrets() -> None:
 # ------------------------------------------------------------ route groups
 
 
-def test_every_route_group_is_served_by_default(minimal: None) -> None:
+def test_every_http_group_is_served_by_default(minimal: None) -> None:
     settings = load_settings()
-    assert settings.route_groups == frozenset(ROUTE_GROUPS) == {"chat", "sessions", "export"}
-    assert all(settings.serves(group) for group in ROUTE_GROUPS)
+    assert settings.route_groups == frozenset(HTTP_GROUPS) == {"chat", "sessions", "export"}
+    assert all(settings.serves(group) for group in HTTP_GROUPS)
+    assert not settings.serves("summaries")  # the worker is its own process
+
+
+def test_the_summary_worker_needs_no_token_settings_but_the_model_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgresql://localhost/memchat")
+    monkeypatch.setenv("ROUTE_GROUPS", "summaries")
+    with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
+        load_settings()
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    settings = load_settings()  # no SUPABASE_JWT_SECRET / SUPABASE_URL needed
+    assert settings.serves("summaries") and settings.openai_api_key == "sk-test"
+    assert secret_settings({"summaries"}) == ("database_url", "openai_api_key")
 
 
 def test_route_groups_from_the_environment(minimal: None, monkeypatch: pytest.MonkeyPatch) -> None:

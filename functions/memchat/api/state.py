@@ -37,12 +37,7 @@ class AppState:
         db = Database(settings.database_url, settings.db_max_connections)
         state = cls(settings=settings, db=db, verifier=TokenVerifier(settings))
         if settings.serves("chat"):
-            http_client = None
-            if settings.offline_model:
-                from memchat.model import offline
-
-                http_client = offline.http_client()
-            state.model = ModelClient(settings, http_client=http_client)
+            state.model = ModelClient.for_settings(settings)
             state.chat_service = ChatService(db=db, model=state.model, settings=settings)
         return state
 

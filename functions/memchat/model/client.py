@@ -86,6 +86,17 @@ class ModelClient:
         self._client: AsyncOpenAI | None = None
         self._embeddings_client: AsyncOpenAI | None = None
 
+    @classmethod
+    def for_settings(cls, settings: Settings) -> ModelClient:
+        """The model the settings name; with `offline_model` (`memchat dev` with no
+        key), the built-in offline responder, still through the real client."""
+        http_client = None
+        if settings.offline_model:
+            from memchat.model import offline
+
+            http_client = offline.http_client()
+        return cls(settings, http_client=http_client)
+
     def _openai(self) -> AsyncOpenAI:
         if self._client is None:
             from openai import AsyncOpenAI

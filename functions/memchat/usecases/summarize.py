@@ -30,7 +30,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memchat import messages, store
@@ -110,6 +110,23 @@ class Summarizer:
     model: ModelClient
     settings: Settings
     clock: Callable[[], float] = time.monotonic
+    _next_start: float = field(default=0.0, init=False, repr=False)
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> Summarizer:
+        """A worker for `settings` (DATABASE_URL: the memchat_worker role's)."""
+        from memchat.db import Database
+        from memchat.model.client import ModelClient
+
+        return cls(
+            db=Database(settings.database_url, settings.db_max_connections),
+            model=ModelClient.for_settings(settings),
+            settings=settings,
+        )
+
+    async def close(self) -> None:
+        await self.db.close()
+        await self.model.close()
 
     async def run(
         self,
@@ -119,7 +136,8 @@ class Summarizer:
     ) -> SummaryRun:
         """Summarize due sessions until none is left or the time is up.
 
-        `remaining_ms` is the Lambda context's; `max_seconds` caps a CLI run.
+        `remaining_ms` is the Lambda context's; `max_seconds` stops a CLI run
+        from starting new rounds after that long.
         """
         started = self.clock()
         run = SummaryRun(lag_seconds=await store.summary_lag(self.db))
@@ -132,7 +150,11 @@ class Summarizer:
                 left = min(left, remaining_ms() / 1000 - LAMBDA_RESERVE_SECONDS)
             return left
 
-        while seconds_left() > self._lease_seconds() / 2:
+        # In Lambda a round must finish before the function's timeout: start
+        # one only while a model call still fits. `max_seconds` (the CLI)
+        # only stops new rounds.
+        reserve = self._call_seconds() if remaining_ms is not None else 0.0
+        while seconds_left() > reserve:
             due = await store.claim_due_summaries(
                 self.db, limit=self.settings.summary_batch_size, lease_seconds=self._lease_seconds()
             )
@@ -150,16 +172,33 @@ class Summarizer:
         """Messages outside a session's summary that make it due (as turns count)."""
         return self.settings.memory_max_history_messages + self.settings.summary_trigger_messages
 
+    def _call_seconds(self) -> float:
+        """The longest one summary's model call may take, retries included."""
+        settings = self.settings
+        return settings.openai_timeout_seconds * (settings.openai_max_retries + 1)
+
     def _lease_seconds(self) -> float:
         """How long a claimed session is this worker's: one model call and margin."""
-        settings = self.settings
-        return settings.openai_timeout_seconds * (settings.openai_max_retries + 1) + 30.0
+        return self._call_seconds() + 30.0
 
     async def _in_slot(
         self, slots: asyncio.Semaphore, item: store.DueSummary, run: SummaryRun
     ) -> None:
         async with slots:
+            await self._pace()
             await self._summarize(item, run)
+
+    async def _pace(self) -> None:
+        """Start summaries at most SUMMARY_MAX_PER_SECOND (a background job must
+        not crowd out the chat turns, whatever the model's speed)."""
+        rate = self.settings.summary_max_per_second
+        if rate <= 0:
+            return
+        now = self.clock()
+        start = max(now, self._next_start)
+        self._next_start = start + 1.0 / rate
+        if start > now:
+            await asyncio.sleep(start - now)
 
     async def _summarize(self, item: store.DueSummary, run: SummaryRun) -> None:
         caller = owner(item.user_id)

@@ -1,0 +1,37 @@
+"""SummaryFunction: the rolling summary worker, invoked by EventBridge Scheduler.
+
+Every few minutes (template.yaml, SummarySchedule) it summarizes the
+sessions their turns queued, until none is left or its time is nearly up
+(usecases/summarize.py). It reads two secrets: its own DATABASE_URL (the
+pooler URL of the `memchat_worker` role, which can see the queue's ids and
+acts for each session's owner under RLS; docs/deploy.md, "Database roles")
+and the model key. ROUTE_GROUPS=summaries narrows its settings to those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from memchat import observability, secrets
+from memchat.model.tokens import counter_for_model
+from memchat.usecases.summarize import Summarizer
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
+
+
+settings = secrets.load_settings(route_groups="summaries")
+observability.configure(settings.log_level)
+summarizer = Summarizer.for_settings(settings)
+# Warm invocations reuse the loop, and with it the connection and the HTTP client.
+loop = asyncio.new_event_loop()
+# Every summary is cut to SUMMARY_MAX_TOKENS: build the tokenizer in the init phase.
+counter_for_model(settings.openai_model)
+
+
+@observability.scheduled_handler
+def handler(event: Any, context: LambdaContext) -> dict[str, Any]:
+    run = loop.run_until_complete(summarizer.run(remaining_ms=context.get_remaining_time_in_millis))
+    observability.record_summaries(run)
+    return run.as_dict()
