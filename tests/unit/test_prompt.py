@@ -139,3 +139,29 @@ def test_the_window_character_cap_still_applies(counter: TokenCounter) -> None:
 def test_an_empty_memory_adds_no_tokens(counter: TokenCounter) -> None:
     memory = prompt.fit(counter, budget=100, notes="", hits=[], window=[])
     assert memory.messages() == [] and memory.tokens == 0 and not memory.truncated
+
+
+def test_the_summary_sits_before_the_window_and_goes_after_recall_before_the_notes(
+    counter: TokenCounter,
+) -> None:
+    summary = "The user planned a trip to Lisbon. " * 20
+    notes = "\n".join(f"- note {i}" for i in range(30))
+    args = {
+        "notes": notes,
+        "hits": [hit("tea", 0.9)],
+        "window": window("q", "a"),
+        "summary": summary,
+    }
+    full = prompt.fit(counter, budget=100_000, **args)
+    assert [m["content"].split("\n", 1)[0] for m in full.messages()][:3] == [
+        messages.NOTES_PREAMBLE,
+        messages.RECALL_PREAMBLE,
+        messages.SUMMARY_PREAMBLE,
+    ]
+    assert full.messages()[2]["content"] == f"{messages.SUMMARY_PREAMBLE}\n{summary}"
+
+    without_summary = full.tokens - count_message(counter, prompt.summary_block(summary))
+    memory = prompt.fit(counter, budget=without_summary, **args)
+    assert memory.dropped == ["recall", "summary"]
+    assert memory.summary == "" and memory.notes == notes  # the notes were kept whole
+    assert memory.tokens <= without_summary
