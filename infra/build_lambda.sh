@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the Lambda code package: memchat with its runtime dependencies and
-# the `stream` extra (uvicorn, for the export function; no dev/test extras),
-# as Linux wheels for the template's runtime and architecture, plus run.sh
-# (the export function's handler), into build/lambda/, zipped to
-# build/memchat-lambda.zip. `sam build` runs this same script
+# the `stream` extra (uvicorn, for the streaming functions; no dev/test
+# extras), as Linux wheels for the template's runtime and architecture, plus
+# run.sh (the export and chat stream functions' handler), into build/lambda/,
+# zipped to build/memchat-lambda.zip. `sam build` runs this same script
 # (template.yaml: BuildMethod makefile).
 #
 #   bash infra/build_lambda.sh                 # build/lambda + build/memchat-lambda.zip
@@ -77,7 +77,8 @@ tar -C "$ROOT" --exclude='__pycache__' --exclude='*.egg-info' -cf - functions | 
 "${PIP[@]}" wheel --quiet --no-deps --wheel-dir "$WORK/wheel" "$WORK/src"
 
 # 2. The wheel, its base dependencies and the `stream` extra (uvicorn: the
-#    export function serves the app over HTTP to the Lambda Web Adapter),
+#    export and chat stream functions serve the app over HTTP to the Lambda
+#    Web Adapter),
 #    Linux wheels only (no sdists to compile for the wrong machine). The
 #    Python 3.12+ runtimes run on Amazon Linux 2023 (glibc 2.34), so
 #    manylinux up to 2_34 is fine.
@@ -92,8 +93,8 @@ WHEELS=("$WORK"/wheel/memchat-*.whl)
   --platform "manylinux_2_34_$MACHINE" \
   --only-binary=:all: \
   "${WHEELS[0]}[stream]"
-# pip only warns about an unknown extra: without uvicorn the export function
-# would fail at every cold start, so fail the build instead.
+# pip only warns about an unknown extra: without uvicorn the streaming
+# functions would fail at every cold start, so fail the build instead.
 if [ ! -f "$OUT/uvicorn/__init__.py" ]; then
   echo "error: uvicorn is not in the package: pyproject.toml needs the extra" \
        'stream = ["uvicorn>=0.30"]' >&2
@@ -103,7 +104,7 @@ fi
 # 3. Nothing Lambda runs: console scripts point at this machine's Python.
 rm -rf "$OUT/bin"
 
-# 4. The export function's handler (template.yaml: Handler run.sh). The Lambda
+# 4. The streaming functions' handler (template.yaml: Handler run.sh). The Lambda
 #    Web Adapter's wrapper (AWS_LAMBDA_EXEC_WRAPPER=/opt/bootstrap) executes
 #    it; it starts the app's HTTP server, which the adapter then proxies the
 #    function URL's requests to. The search path is the one the Python

@@ -4,14 +4,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source infra/venv.sh test
-# The pooler tests start a real pgbouncer (transaction mode), as Supabase's
-# Supavisor behaves; Debian packages it. Without it those tests fail: no skips.
-if ! PATH="$PATH:/usr/sbin" command -v pgbouncer >/dev/null; then
+# Debian packages some tests need; without them those tests fail (no skips):
+# the pooler tests start a real pgbouncer (transaction mode), as Supabase's
+# Supavisor behaves; the browser tests (tests/browser) drive headless Chromium
+# through chromedriver. Installed in one apt-get call when we are root.
+missing=()
+PATH="$PATH:/usr/sbin" command -v pgbouncer >/dev/null || missing+=(pgbouncer)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+[ -x /usr/bin/chromedriver ] || missing+=(chromium-driver)
+if [ "${#missing[@]}" -gt 0 ]; then
   if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-    echo "installing pgbouncer (Debian package) for the pooler tests" >&2
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
+    echo "installing ${missing[*]} (Debian packages) for the pooler and browser tests" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "pgbouncer is missing: sudo apt-get install pgbouncer" >&2
+    echo "missing for the pooler and browser tests: sudo apt-get install ${missing[*]}" >&2
   fi
 fi
 .venv/bin/ruff check functions tests

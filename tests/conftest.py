@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -21,7 +21,9 @@ from memchat.config import Settings, load_settings
 from memchat.db import Database
 from memchat.devdb import quiet_runtime_dir
 from memchat.migrate import migrate
+from memchat.model.client import ModelClient
 from tests.utils.api import ApiClient
+from tests.utils.dev_server import DevServer, dev_server
 from tests.utils.fake_openai import FakeOpenAI
 from tests.utils.users import UserFactory, set_admin_conninfo
 
@@ -111,6 +113,7 @@ async def db(database_url: str) -> AsyncIterator[Database]:
 # ------------------------------------------------------------------ API
 
 JWT_SECRET = "test-jwt-secret-with-at-least-32-characters"
+UNUSED_DATABASE = "postgresql://unused@127.0.0.1:1/unused"  # never connected to
 
 
 @pytest.fixture(scope="session")
@@ -145,6 +148,44 @@ def make_settings(database_url: str, model_url: str, **overrides: object) -> Set
 
 
 @pytest.fixture
+async def custom_api(
+    database_url: str, model: FakeOpenAI
+) -> AsyncIterator[Callable[..., ApiClient]]:
+    """Builds apps with overridden settings (`custom_api(turn_timeout_seconds=1)`);
+    closes them after the test."""
+    clients: list[ApiClient] = []
+
+    def build(**overrides: object) -> ApiClient:
+        client = ApiClient(make_settings(database_url, model.url, **overrides))
+        clients.append(client)
+        return client
+
+    yield build
+    for client in clients:
+        await client.aclose()
+
+
+@pytest.fixture
+async def model_client_for(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Callable[..., ModelClient]]:
+    """`model_client_for(url, **overrides)`: a ModelClient for the model server at
+    `url` (no database), with the test module's MODEL_CLIENT_SETTINGS (if any)
+    and `overrides` as settings; each is closed after the test."""
+    defaults = getattr(request.module, "MODEL_CLIENT_SETTINGS", {})
+    clients: list[ModelClient] = []
+
+    def build(url: str, **overrides: object) -> ModelClient:
+        settings = make_settings(UNUSED_DATABASE, url, **{**defaults, **overrides})
+        clients.append(ModelClient(settings))
+        return clients[-1]
+
+    yield build
+    for client in clients:
+        await client.close()
+
+
+@pytest.fixture
 def settings(database_url: str, fake_openai: FakeOpenAI) -> Settings:
     return make_settings(database_url, fake_openai.url)
 
@@ -155,3 +196,34 @@ async def api(settings: Settings) -> AsyncIterator[ApiClient]:
     client = ApiClient(settings)
     yield client
     await client.aclose()
+
+
+@pytest.fixture(scope="module")
+def _paced_model(request: pytest.FixtureRequest) -> Iterator[FakeOpenAI]:
+    model = FakeOpenAI(chunk_delay=getattr(request.module, "MODEL_CHUNK_DELAY", 0.0))
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def _dev(
+    admin_url: str, _paced_model: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DevServer]:
+    with dev_server(admin_url, tmp_path_factory.mktemp("dev"), _paced_model) as running:
+        yield running
+
+
+@pytest.fixture
+def dev_model(_paced_model: FakeOpenAI) -> FakeOpenAI:
+    """The model of the module's `dev` (its script reset): the fake OpenAI
+    server pacing its answers MODEL_CHUNK_DELAY seconds a piece (a constant
+    of the test module; default 0)."""
+    _paced_model.reset()
+    return _paced_model
+
+
+@pytest.fixture
+def dev(_dev: DevServer, dev_model: FakeOpenAI) -> DevServer:
+    """`memchat dev` as a developer runs it (a subprocess, one per test
+    module) against the test database, its model `dev_model`."""
+    return _dev

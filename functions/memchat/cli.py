@@ -16,12 +16,15 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
     from fastapi import FastAPI
 
     from memchat.config import Settings
 
 DEFAULT_EMAIL = "dev@example.test"
 DEFAULT_URL = "http://127.0.0.1:8000"
+SSE_MEDIA_TYPE = "text/event-stream"
 
 
 def _err(message: str) -> None:
@@ -279,7 +282,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     session_id = str(uuid.uuid4())  # an ephemeral session for this run
     headers = {"Authorization": f"Bearer {token}"}
     print(f"memchat · agent {args.agent} · session {session_id}")
-    print("Ctrl-D or /quit to leave, /clear to start over, /notes to see long-term notes.\n")
+    print("Ctrl-D or /quit to leave, /clear to start over, /notes to see long-term notes;")
+    print("Ctrl-C stops an answer (the server still stores it).\n")
     with httpx.Client(base_url=args.url, headers=headers, timeout=120) as client:
         while True:
             try:
@@ -319,12 +323,109 @@ def _chat_command(client: Any, line: str, session_id: str, agent: str) -> str:
         _raise_for(r)
         print(r.json()["notes"] or "(no notes yet)")
         return session_id
-    r = client.post("/chat", json={"message": line, "session_id": session_id, "agent_name": agent})
-    _raise_for(r)
-    body = r.json()
-    note = " (notes updated)" if body["memory"]["long_term_notes_updated"] else ""
-    print(f"{agent}> {body['answer']}{note}\n")
+    _stream_turn(client, line, session_id, agent)
     return session_id
+
+
+def _stream_turn(client: Any, line: str, session_id: str, agent: str) -> None:
+    """One turn as Server-Sent Events, its answer printed as the model writes it.
+
+    Failures before the stream starts are HTTP errors (`_raise_for`); an
+    `error` event is printed and the session stays usable. Ctrl-C stops the
+    printing only: the server still finishes and stores the turn."""
+    out = _AnswerPrinter(f"{agent}> ")
+    body = {"message": line, "session_id": session_id, "agent_name": agent}
+    try:
+        with client.stream("POST", "/chat", json=body, headers={"Accept": SSE_MEDIA_TYPE}) as r:
+            if r.status_code >= 400:
+                r.read()
+                _raise_for(r)
+            for event, data in _sse_events(r.iter_lines()):
+                if event == "delta":
+                    out.write(str(data.get("text", "")))
+                elif event == "notes":
+                    out.notice(f"(notes: {data.get('operation')})")
+                elif event == "done":
+                    out.finish(str(data.get("answer", "")), _notes_updated(data))
+                    return
+                elif event == "error":
+                    out.notice(f"! {data.get('error')}: {data.get('detail')}\n")
+                    return
+            out.notice("! the answer ended early: the connection closed\n")
+    except KeyboardInterrupt:
+        out.notice("(stopped; the server still finishes and stores this turn)\n")
+    finally:
+        out.end_line()
+
+
+def _notes_updated(done: dict[str, Any]) -> bool:
+    memory = done.get("memory")
+    return isinstance(memory, dict) and memory.get("long_term_notes_updated") is True
+
+
+def _sse_events(lines: Iterable[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(event, data) of each Server-Sent Event with a JSON object (comments skipped)."""
+    event = "message"
+    data: list[str] = []
+    for raw in lines:
+        line = raw.rstrip("\r")
+        if not line:
+            if data:
+                try:
+                    parsed = json.loads("\n".join(data))
+                except ValueError:
+                    parsed = None
+                if isinstance(parsed, dict):
+                    yield event, parsed
+            event, data = "message", []
+        elif not line.startswith(":"):
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if field == "event":
+                event = value
+            elif field == "data":
+                data.append(value)
+
+
+class _AnswerPrinter:
+    """Prints an answer piece by piece after its prefix; notices on lines of their own."""
+
+    def __init__(self, prefix: str) -> None:
+        self._prefix = prefix
+        self._printed = ""
+        self._open = False  # a line of the answer is being written
+
+    def write(self, text: str) -> None:
+        if not text:
+            return
+        if not self._open:
+            # After a notice the answer goes on, indented under its prefix.
+            sys.stdout.write(self._prefix if not self._printed else " " * len(self._prefix))
+            self._open = True
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        self._printed += text
+
+    def end_line(self) -> None:
+        if self._open:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            self._open = False
+
+    def notice(self, message: str) -> None:
+        self.end_line()
+        print(message, flush=True)
+
+    def finish(self, answer: str, notes_updated: bool) -> None:
+        """The stored answer (done.answer): what streamed, unless it differs."""
+        if not self._printed or not self._printed.endswith(answer):
+            self.end_line()
+            sys.stdout.write(self._prefix + answer)
+            self._open = True
+        note = " (notes updated)" if notes_updated else ""
+        print(note, flush=True)
+        self._open = False
+        print()
 
 
 def _raise_for(response: Any) -> None:

@@ -135,6 +135,10 @@ class Settings(BaseSettings):
     # The whole model conversation of a turn (all tool rounds and retries):
     # API Gateway gives up after 30 s, so answer 504 before it does.
     turn_timeout_seconds: float = Field(default=25.0, gt=0)
+    # A streamed turn (POST /chat as Server-Sent Events) sends a `: keep-alive`
+    # comment after this many seconds without an event, so proxies and
+    # browsers do not close a connection the model is silent on.
+    stream_keepalive_seconds: float = Field(default=10.0, gt=0, le=300)
     # `memchat dev` with no key answers from the built-in offline responder.
     offline_model: bool = False
 

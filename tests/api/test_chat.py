@@ -34,21 +34,6 @@ from tests.utils.store_data import contents, session_row, snapshot, stored_messa
 ROLE = {"human": "user", "ai": "assistant"}
 
 
-@pytest.fixture
-async def custom_api(database_url: str, model: FakeOpenAI) -> AsyncIterator[Any]:
-    """Builds apps with overridden settings; closes them after the test."""
-    clients: list[ApiClient] = []
-
-    def build(**overrides: object) -> ApiClient:
-        client = ApiClient(make_settings(database_url, model.url, **overrides))
-        clients.append(client)
-        return client
-
-    yield build
-    for client in clients:
-        await client.aclose()
-
-
 def history_rows(admin: psycopg.Connection, session_id: str) -> list[tuple[str, str]]:
     """The stored user/assistant answers of a session as (role, content), in order."""
     return [

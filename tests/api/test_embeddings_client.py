@@ -21,47 +21,29 @@ from typing import Any
 import openai
 import pytest
 
-from memchat.config import Settings, load_settings
+from memchat.config import load_settings
 from memchat.messages import NOTES_PREAMBLE, RECALL_PREAMBLE
 from memchat.model import offline
 from memchat.model.client import EmbeddingUnavailable, ModelClient
 from memchat.model.embeddings import local_embedding
-from tests.conftest import JWT_SECRET, make_settings
+from tests.conftest import JWT_SECRET, UNUSED_DATABASE
 from tests.utils.fake_openai import FakeOpenAI
 
-UNUSED_DATABASE = "postgresql://unused@127.0.0.1:1/unused"  # never connected to
 TEXT = "my favourite colour is teal"  # must never reach a log record
 LOGGER = "memchat.model.client"
 
 
-def embedding_settings(url: str, **overrides: object) -> Settings:
-    values: dict[str, object] = {
-        "embedding_dimensions": 512,
-        "embedding_timeout_seconds": 2,
-        # The chat calls' retries: embed must not use them.
-        "openai_max_retries": 2,
-    }
-    values.update(overrides)
-    return make_settings(UNUSED_DATABASE, url, **values)
+MODEL_CLIENT_SETTINGS = {
+    "embedding_dimensions": 512,
+    "embedding_timeout_seconds": 2,
+    # The chat calls' retries: embed must not use them.
+    "openai_max_retries": 2,
+}
 
 
 @pytest.fixture
-async def client_for() -> AsyncIterator[Callable[..., ModelClient]]:
-    """ModelClient(settings) for the fake server at `url`; closed after the test."""
-    clients: list[ModelClient] = []
-
-    def build(url: str, **overrides: object) -> ModelClient:
-        clients.append(ModelClient(embedding_settings(url, **overrides)))
-        return clients[-1]
-
-    yield build
-    for client in clients:
-        await client.close()
-
-
-@pytest.fixture
-def client(model: FakeOpenAI, client_for: Callable[..., ModelClient]) -> ModelClient:
-    return client_for(model.url)
+def client(model: FakeOpenAI, model_client_for: Callable[..., ModelClient]) -> ModelClient:
+    return model_client_for(model.url)
 
 
 def norm(vector: list[float]) -> float:
@@ -98,9 +80,9 @@ async def test_embed_returns_a_unit_vector_of_embedding_dimensions(
 
 
 async def test_the_request_carries_the_configured_model_and_dimensions(
-    model: FakeOpenAI, client_for: Callable[..., ModelClient]
+    model: FakeOpenAI, model_client_for: Callable[..., ModelClient]
 ) -> None:
-    client = client_for(
+    client = model_client_for(
         model.url, openai_embedding_model="nomic-embed-text", embedding_dimensions=64
     )
     vector = await client.embed("hello there")
@@ -114,11 +96,11 @@ async def test_the_request_carries_the_configured_model_and_dimensions(
 
 
 async def test_the_vector_is_l2_normalised(
-    model: FakeOpenAI, client_for: Callable[..., ModelClient]
+    model: FakeOpenAI, model_client_for: Callable[..., ModelClient]
 ) -> None:
     # A server that sends unnormalised vectors (and integers) still gives a
     # unit vector: cosine similarity is then the dot product.
-    client = client_for(model.url, embedding_dimensions=4)
+    client = model_client_for(model.url, embedding_dimensions=4)
     model.script_embeddings({"vector": [3, 4, 0, 0]}, {"vector": [1e300, -1e300, 1e300, 0.0]})
     assert await client.embed("a") == pytest.approx([0.6, 0.8, 0.0, 0.0])
     third = 1 / math.sqrt(3)
@@ -279,12 +261,12 @@ async def test_a_wrong_size_names_embedding_dimensions_and_both_sizes(
     ids=["slow-to-answer", "body-a-byte-at-a-time"],
 )
 async def test_a_slow_server_is_given_up_after_the_timeout(
-    model: FakeOpenAI, client_for: Callable[..., ModelClient], reply: dict[str, Any]
+    model: FakeOpenAI, model_client_for: Callable[..., ModelClient], reply: dict[str, Any]
 ) -> None:
     # "trickle" keeps every read under the SDK's per-read timeout: only the
     # asyncio bound on the whole call ends it.
     timeout = 0.5
-    client = client_for(model.url, embedding_timeout_seconds=timeout, embedding_dimensions=64)
+    client = model_client_for(model.url, embedding_timeout_seconds=timeout, embedding_dimensions=64)
     model.script_embeddings(reply)
     started = time.monotonic()
     with pytest.raises(EmbeddingUnavailable, match="timeout"):
@@ -294,12 +276,12 @@ async def test_a_slow_server_is_given_up_after_the_timeout(
 
 
 async def test_a_refused_connection_is_embedding_unavailable(
-    client_for: Callable[..., ModelClient],
+    model_client_for: Callable[..., ModelClient],
 ) -> None:
     with socket.socket() as sock:  # a port nothing listens on once closed
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    client = client_for(f"http://127.0.0.1:{port}/v1")
+    client = model_client_for(f"http://127.0.0.1:{port}/v1")
     started = time.monotonic()
     with pytest.raises(EmbeddingUnavailable, match="connection"):
         await client.embed(TEXT)

@@ -6,7 +6,7 @@ earlier messages by meaning, and the hits reach the prompt."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -34,22 +34,6 @@ def embeddings_of(admin: psycopg.Connection, user_id: uuid.UUID) -> int:
         "select count(*) from memchat.message_embeddings where user_id = %s", (user_id,)
     ).fetchone()
     return int(count)
-
-
-@pytest.fixture
-async def custom_api(
-    database_url: str, model: FakeOpenAI
-) -> AsyncIterator[Callable[..., ApiClient]]:
-    clients: list[ApiClient] = []
-
-    def build(**overrides: object) -> ApiClient:
-        client = ApiClient(make_settings(database_url, model.url, **overrides))
-        clients.append(client)
-        return client
-
-    yield build
-    for client in clients:
-        await client.aclose()
 
 
 async def test_a_fact_from_one_session_is_recalled_in_a_new_one(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,13 +17,9 @@ import jwt
 import psycopg
 import pytest
 
+from tests.utils.processes import free_port
+
 MEMCHAT = [sys.executable, "-m", "memchat.cli"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env(**values: str) -> dict[str, str]:
@@ -63,7 +58,7 @@ def _long_conversation(url: str, bearer: dict[str, str], sid: str, prefix: str) 
 
 def _start_dev(env: dict[str, str], cwd: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
     """`memchat dev` on a free port; returns the process and its base URL."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [*MEMCHAT, "dev", "--port", str(port), *args],
         env=env,

@@ -4,9 +4,11 @@ Each handler the template names is imported and invoked here, with the
 function's own ROUTE_GROUPS and without the model key where the function is
 not meant to have it: the API Gateway ones once per route the template gives
 them (unauthenticated, so 401 proves the app serves that route behind auth),
-the export function's server once per route its function URL serves, the
-cleanup one with the schedule's own input. Every route of the app is served
-by exactly one of the HTTP API and the export function URL.
+the streaming functions' server (export, chat stream) once per route its
+function URL serves, the cleanup one with the schedule's own input. Every
+route of the app is reachable through the HTTP API or a function URL, and
+only POST /chat through both (JSON through the API, streamed through the
+chat stream URL).
 
 Which secrets each function can read is worked out from the template itself
 (the SAM transform's roles and the managed policies they attach, for each
@@ -30,7 +32,7 @@ from typing import Any
 
 import httpx
 import pytest
-from cfnlint.decode import decode
+from cfnlint.decode import decode  # type: ignore[import-untyped]
 
 from memchat import secrets
 from memchat.config import ROUTE_GROUPS, Settings, parse_route_groups, secret_settings
@@ -92,8 +94,22 @@ HTTP_ROUTES = [
     (function, props["Method"], props["Path"]) for function, props in events_of("HttpApi")
 ]
 URL_FUNCTIONS = [name for name, props in FUNCTIONS.items() if "FunctionUrlConfig" in props]
-# The export function URL serves what its server (memchat.handlers.stream) lets through.
-URL_ROUTES = [("ExportFunction", method, path) for method, path in sorted(stream.EXPORT_ROUTES)]
+# The streaming functions: the Lambda Web Adapter runs memchat.handlers.stream.
+STREAM_FUNCTIONS = ["ExportFunction", "ChatStreamFunction"]
+# Served through both the HTTP API (JSON) and the chat stream URL (SSE, or JSON).
+SERVED_TWICE = {("POST", "/chat")}
+
+
+def url_routes() -> list[tuple[str, str, str]]:
+    """What each function URL serves: what its server lets through for its ROUTE_GROUPS."""
+    routes = []
+    for function in URL_FUNCTIONS:
+        groups = FUNCTIONS[function]["Environment"]["Variables"]["ROUTE_GROUPS"]
+        routes += [(function, m, p) for m, p in sorted(stream.routes_for(groups.split(",")))]
+    return routes
+
+
+URL_ROUTES = url_routes()
 
 
 # ------------------------------------------------------------ evaluation
@@ -130,7 +146,15 @@ CHAT_ONLY = {
 }
 # How every HTTP function checks tokens: the same everywhere.
 AUTH_SETTINGS = {"SUPABASE_URL", "ALLOW_ANONYMOUS_USERS"}
-HTTP_FUNCTIONS = ["ChatFunction", "SessionsFunction", "ExportFunction"]
+HTTP_FUNCTIONS = ["ChatFunction", "ChatStreamFunction", "SessionsFunction", "ExportFunction"]
+# Variables the Lambda Web Adapter reads (template.yaml, the streaming functions).
+ADAPTER_VARIABLES = {
+    "AWS_LAMBDA_EXEC_WRAPPER",
+    "AWS_LWA_INVOKE_MODE",
+    "AWS_LWA_PORT",
+    "AWS_LWA_READINESS_CHECK_PATH",
+    "AWS_LWA_READINESS_CHECK_HEALTHY_STATUS",
+}
 
 
 def evaluate(node: Any, conditions: dict[str, bool]) -> Any:
@@ -162,7 +186,7 @@ def parameters_named(resource: Any) -> set[str]:
 @pytest.fixture(scope="module")
 def translated() -> Iterator[dict[str, Any]]:
     """What `sam deploy` sends: the template after the SAM transform."""
-    from samtranslator.translator.transform import transform
+    from samtranslator.translator.transform import transform  # type: ignore[import-untyped]
 
     class Policies:
         def load(self) -> dict[str, str]:
@@ -260,19 +284,21 @@ def test_sam_translates_it(translated: dict[str, Any]) -> None:
     }
     assert "CleanupFunctionSchedule" in resources
     assert "SummaryFunctionSchedule" in resources
-    url = resources["ExportFunctionUrl"]
-    assert url["Type"] == "AWS::Lambda::Url"
-    assert url["Properties"]["InvokeMode"] == "RESPONSE_STREAM"
-    assert url["Properties"]["AuthType"] == "NONE"
-    # Function URLs created since October 2025 need both permissions to be public.
-    permissions = {
-        r["Properties"]["Action"]: r["Properties"]
-        for r in resources.values()
-        if r["Type"] == "AWS::Lambda::Permission"
-        and r["Properties"]["FunctionName"] == {"Ref": "ExportFunction"}
-    }
-    assert permissions["lambda:InvokeFunctionUrl"]["FunctionUrlAuthType"] == "NONE"
-    assert permissions["lambda:InvokeFunction"]["InvokedViaFunctionUrl"] is True
+    for function in STREAM_FUNCTIONS:
+        url = resources[f"{function}Url"]
+        assert url["Type"] == "AWS::Lambda::Url"
+        assert url["Properties"]["TargetFunctionArn"] == {"Ref": function}
+        assert url["Properties"]["InvokeMode"] == "RESPONSE_STREAM"
+        assert url["Properties"]["AuthType"] == "NONE"
+        # Function URLs created since October 2025 need both permissions to be public.
+        permissions = {
+            r["Properties"]["Action"]: r["Properties"]
+            for r in resources.values()
+            if r["Type"] == "AWS::Lambda::Permission"
+            and r["Properties"]["FunctionName"] == {"Ref": function}
+        }
+        assert permissions["lambda:InvokeFunctionUrl"]["FunctionUrlAuthType"] == "NONE", function
+        assert permissions["lambda:InvokeFunction"]["InvokedViaFunctionUrl"] is True, function
 
 
 def test_runtime_and_architecture_match_the_build_script() -> None:
@@ -317,9 +343,14 @@ async def test_template_routes_are_the_apps_routes(settings: Settings) -> None:
         return {(method.upper(), path) for path, methods in paths.items() for method in methods}
 
     declared = [(method, path) for _, method, path in [*HTTP_ROUTES, *URL_ROUTES]]
-    # Each route through exactly one door: the HTTP API or the export function URL.
-    assert len(declared) == len(set(declared)), "a route is served twice"
+    # Every route of the app is reachable, through the HTTP API or a function
+    # URL; each through one door but POST /chat, which has two: JSON through
+    # the API (ChatFunction), streamed through the chat stream URL.
     assert set(declared) == await served(frozenset(ROUTE_GROUPS))
+    twice = {route for route in declared if declared.count(route) > 1}
+    assert twice == SERVED_TWICE, twice
+    assert {f for f, m, p in HTTP_ROUTES if (m, p) in SERVED_TWICE} == {"ChatFunction"}
+    assert {f for f, m, p in URL_ROUTES if (m, p) in SERVED_TWICE} == {"ChatStreamFunction"}
 
     # Each function's app (its ROUTE_GROUPS) has its routes and no other but /health.
     health = {("GET", stream.READINESS_PATH)}
@@ -330,39 +361,105 @@ async def test_template_routes_are_the_apps_routes(settings: Settings) -> None:
         assert own <= app_routes and app_routes - own <= health, function
 
 
-def test_the_exports_are_streamed_from_a_function_url() -> None:
-    """Through API Gateway a Lambda response is buffered and capped at 6 MB."""
-    assert URL_FUNCTIONS == ["ExportFunction"]
-    export = FUNCTIONS["ExportFunction"]
-    assert "Events" not in export
-    assert export["FunctionUrlConfig"]["AuthType"] == "NONE"  # the app checks the token
-    assert export["FunctionUrlConfig"]["InvokeMode"] == "RESPONSE_STREAM"
-    assert export["Timeout"] > 29  # no API Gateway 30 s limit in front of it
+@pytest.mark.parametrize("function", STREAM_FUNCTIONS)
+def test_the_streaming_functions_run_the_stream_server_behind_the_web_adapter(
+    function: str,
+) -> None:
+    """A function URL in RESPONSE_STREAM mode, the Web Adapter and run.sh; no API Gateway."""
+    assert URL_FUNCTIONS == STREAM_FUNCTIONS
+    properties = FUNCTIONS[function]
+    assert "Events" not in properties  # not on the HTTP API
+    assert properties["FunctionUrlConfig"]["AuthType"] == "NONE"  # the app checks the token
+    assert properties["FunctionUrlConfig"]["InvokeMode"] == "RESPONSE_STREAM"
+    assert properties["Timeout"] > 29  # no API Gateway 30 s limit in front of it
 
     # The AWS Lambda Web Adapter layer, for the template's architecture, runs run.sh.
-    assert export["Handler"] == "run.sh"
-    (layer,) = export["Layers"]
+    assert properties["Handler"] == "run.sh"
+    assert handler_module(properties) == "stream"
+    (layer,) = properties["Layers"]
     arch = {"arm64": "Arm64", "x86_64": "X86"}[GLOBALS["Architectures"][0]]
     assert re.fullmatch(
         rf"arn:aws:lambda:\$\{{AWS::Region\}}:753240598075:layer:LambdaAdapterLayer{arch}:\d+",
         layer["Fn::Sub"],
     ), layer
-    variables = export["Environment"]["Variables"]
+    assert properties["Layers"] == FUNCTIONS["ExportFunction"]["Layers"]  # one adapter version
+    variables = properties["Environment"]["Variables"]
+    assert set(variables) >= ADAPTER_VARIABLES, function
     assert variables["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/bootstrap"
     assert variables["AWS_LWA_INVOKE_MODE"] == "response_stream"
     assert variables["AWS_LWA_READINESS_CHECK_PATH"] == stream.READINESS_PATH
     assert int(variables.get("AWS_LWA_PORT", stream.DEFAULT_PORT)) == stream.DEFAULT_PORT
+    assert stream.routes_for(route_groups_of(function)), f"{function} would serve nothing"
 
     # The browser calls it from the same origin as the API.
-    cors = export["FunctionUrlConfig"]["Cors"]
+    cors = properties["FunctionUrlConfig"]["Cors"]
     api_cors = RESOURCES["HttpApi"]["Properties"]["CorsConfiguration"]
     assert cors["AllowOrigins"] == api_cors["AllowOrigins"] == [{"Ref": "CorsAllowOrigin"}]
-    assert cors["AllowMethods"] == ["GET"]
     assert "authorization" in cors["AllowHeaders"]
+    # Its base URL is a stack output.
+    url = {"Fn::GetAtt": [f"{function}Url", "FunctionUrl"]}
+    outputs = [n for n, o in TEMPLATE_DATA["Outputs"].items() if o["Value"] == url]
+    assert len(outputs) == 1, outputs
+
+
+def test_the_exports_are_streamed_from_a_function_url() -> None:
+    """Through API Gateway a Lambda response is buffered and capped at 6 MB."""
+    export = FUNCTIONS["ExportFunction"]
+    assert export["Timeout"] == 180  # past the first 6 MB, 2 MB/s: 200 MB in ~100 s
+    cors = export["FunctionUrlConfig"]["Cors"]
+    assert cors["AllowMethods"] == ["GET"]
+    assert cors["AllowHeaders"] == ["authorization", "x-request-id"]
     assert "content-disposition" in cors["ExposeHeaders"]
     assert TEMPLATE_DATA["Outputs"]["ExportUrl"]["Value"] == {
         "Fn::GetAtt": ["ExportFunctionUrl", "FunctionUrl"]
     }
+
+
+def test_the_streamed_chat_is_the_chat_function_behind_a_function_url() -> None:
+    """POST /chat's Server-Sent Events: an HTTP API buffers them and stops at 30 s."""
+    chat, chat_stream = FUNCTIONS["ChatFunction"], FUNCTIONS["ChatStreamFunction"]
+    assert stream.routes_for(route_groups_of("ChatStreamFunction")) == SERVED_TWICE
+
+    # Exactly the chat function's settings, secrets and parameters, plus the adapter's.
+    chat_variables = chat["Environment"]["Variables"]
+    stream_variables = chat_stream["Environment"]["Variables"]
+    assert set(stream_variables) - set(chat_variables) == ADAPTER_VARIABLES
+    assert {k: v for k, v in stream_variables.items() if k not in ADAPTER_VARIABLES} == (
+        chat_variables
+    )
+    export_variables = FUNCTIONS["ExportFunction"]["Environment"]["Variables"]
+    assert {k: stream_variables[k] for k in ADAPTER_VARIABLES} == {
+        k: export_variables[k] for k in ADAPTER_VARIABLES
+    }
+    assert chat_stream["Policies"] == chat["Policies"]
+    assert chat_stream["MemorySize"] == chat["MemorySize"]
+
+    # No API Gateway in front: the function's timeout bounds the request, and
+    # must outlast a whole turn (TURN_TIMEOUT_SECONDS of model conversation,
+    # the context load before it and the record after it).
+    turn_timeout = Settings.model_fields["turn_timeout_seconds"].default
+    assert "TURN_TIMEOUT_SECONDS" not in stream_variables  # the same turn as through the API
+    assert 2 * turn_timeout <= chat_stream["Timeout"] <= 900
+    assert chat["Timeout"] < 30  # the HTTP API's POST /chat is unchanged
+
+    # The browser's fetch(): POST with the token, JSON and Accept; reads the session id.
+    cors = chat_stream["FunctionUrlConfig"]["Cors"]
+    assert cors["AllowMethods"] == ["POST"]
+    assert cors["AllowHeaders"] == [
+        "authorization",
+        "content-type",
+        "x-session-id",
+        "x-request-id",
+        "accept",
+    ]
+    assert cors["ExposeHeaders"] == ["x-session-id", "x-request-id"]
+    outputs = TEMPLATE_DATA["Outputs"]
+    assert outputs["ChatStreamUrl"]["Value"] == {
+        "Fn::GetAtt": ["ChatStreamFunctionUrl", "FunctionUrl"]
+    }
+    assert outputs["ChatStreamFunctionName"]["Value"] == {"Ref": "ChatStreamFunction"}
+    assert chat_stream["LoggingConfig"]["LogGroup"] == {"Ref": "ChatStreamLogs"}
+    assert RESOURCES["ChatStreamLogs"]["Type"] == "AWS::Logs::LogGroup"
 
 
 def test_run_sh_starts_the_stream_server() -> None:
@@ -377,6 +474,7 @@ def test_each_function_says_which_routes_it_serves() -> None:
     groups = {function: route_groups_of(function) for function in HTTP_FUNCTIONS}
     assert groups == {
         "ChatFunction": {"chat"},
+        "ChatStreamFunction": {"chat"},
         "SessionsFunction": {"sessions"},
         "ExportFunction": {"export"},
     }
@@ -392,6 +490,7 @@ def test_each_function_can_read_exactly_the_secrets_it_uses(
     jwt = {"SupabaseJwtSecretSecret"} if conditions["HasJwtSecret"] else set()
     expected = {
         "ChatFunction": {"DatabaseUrlSecret", "OpenAiApiKeySecret", *jwt},
+        "ChatStreamFunction": {"DatabaseUrlSecret", "OpenAiApiKeySecret", *jwt},
         "SessionsFunction": {"DatabaseUrlSecret", *jwt},
         "ExportFunction": {"DatabaseUrlSecret", *jwt},
         "CleanupFunction": {"CleanupDatabaseUrlSecret"},
@@ -403,7 +502,7 @@ def test_each_function_can_read_exactly_the_secrets_it_uses(
         assert readable == secrets_used, function
         # ...and exactly the secrets its environment points at.
         assert set(pointed_at(environment(function, conditions)).values()) == readable, function
-    # The model key in particular: the chat function's and the summary worker's alone.
+    # The model key in particular: the chat functions' and the summary worker's alone.
     for function in ("SessionsFunction", "ExportFunction", "CleanupFunction"):
         assert "OpenAiApiKeySecret" not in readable_secrets(translated, function, conditions)
 
@@ -444,8 +543,9 @@ def test_http_functions_get_what_their_settings_need(
     assert plain >= AUTH_SETTINGS, function  # tokens are checked the same everywhere
 
 
-def test_the_chat_settings_are_stack_parameters_with_the_apps_defaults() -> None:
-    chat = FUNCTIONS["ChatFunction"]["Environment"]["Variables"]
+@pytest.mark.parametrize("function", ["ChatFunction", "ChatStreamFunction"])
+def test_the_chat_settings_are_stack_parameters_with_the_apps_defaults(function: str) -> None:
+    chat = FUNCTIONS[function]["Environment"]["Variables"]
     parameters = TEMPLATE_DATA["Parameters"]
     fields = Settings.model_fields
     for variable, parameter in [
@@ -503,10 +603,11 @@ def test_secret_policies_allow_reading_only_the_named_secrets() -> None:
         {"Ref": "ReadSummarySecretsPolicy"},
         {"Ref": "ReadModelKeyPolicy"},
     ]
-    assert FUNCTIONS["ChatFunction"]["Policies"] == [
-        {"Ref": "ReadApiSecretsPolicy"},
-        {"Ref": "ReadModelKeyPolicy"},
-    ]
+    for function in ("ChatFunction", "ChatStreamFunction"):
+        assert FUNCTIONS[function]["Policies"] == [
+            {"Ref": "ReadApiSecretsPolicy"},
+            {"Ref": "ReadModelKeyPolicy"},
+        ], function
     for function in ("SessionsFunction", "ExportFunction"):
         assert FUNCTIONS[function]["Policies"] == [{"Ref": "ReadApiSecretsPolicy"}], function
 

@@ -4,6 +4,16 @@ The real `openai` client talks to it over HTTP. By default it echoes the
 last user message; tests queue scripted replies (tool calls, errors, delays,
 broken bodies) and read back every request it received.
 
+A chat request with `"stream": true` is answered as OpenAI streams:
+`text/event-stream`, one `data: {chunk}` event per piece (an opening role
+chunk, the content word by word, each tool call in fragments, a closing
+chunk with the finish reason, a usage chunk when
+`stream_options.include_usage` is set), then `data: [DONE]`, sent with
+chunked transfer encoding so that a connection dropped mid-stream is seen
+as such. `first_token_delay` and `chunk_delay` (constructor, attributes, or
+per reply) pace it; a non-streamed answer waits as long as its stream would
+take to end, so the two compare fairly in benchmarks.
+
 `POST /v1/embeddings` has its own script (`script_embeddings`) and request
 log (`embedding_requests`): a turn embeds while it talks to the model, so an
 embedding must never take a chat reply, and `calls`/`requests` count chat
@@ -16,6 +26,7 @@ from __future__ import annotations
 import array
 import base64
 import json
+import re
 import sys
 import threading
 import time
@@ -47,7 +58,11 @@ def tool_call(operation: str, **arguments: Any) -> dict[str, Any]:
 
 
 class FakeOpenAI:
-    def __init__(self) -> None:
+    def __init__(self, *, first_token_delay: float = 0.0, chunk_delay: float = 0.0) -> None:
+        # Defaults for every reply without its own (seconds): before a streamed
+        # answer's first content chunk, and between its chunks.
+        self.first_token_delay = first_token_delay
+        self.chunk_delay = chunk_delay
         self.requests: list[dict[str, Any]] = []  # chat completions only
         self.embedding_requests: list[dict[str, Any]] = []
         self._script: deque[dict[str, Any]] = deque()
@@ -67,7 +82,15 @@ class FakeOpenAI:
                     status, content_type, data = fake._respond_embeddings(body, reply)
                 else:
                     reply = fake._next(fake.requests, fake._script, body)
-                    status, content_type, data = fake._respond(self.path, body, reply)
+                    streamed = body.get("stream") is True
+                    if streamed and self.path.endswith("/chat/completions"):
+                        scripted = fake._scripted(reply)
+                        if scripted is None:
+                            fake._stream(self, body, reply)
+                            return
+                        status, content_type, data = scripted
+                    else:
+                        status, content_type, data = fake._respond(self.path, body, reply)
                 self.send_response(status)
                 self.send_header("content-type", content_type)
                 self.send_header("content-length", str(len(data)))
@@ -112,6 +135,27 @@ class FakeOpenAI:
         - {"status", "error"}: an OpenAI-style error with that HTTP status;
         - {"delay"}: seconds to wait first (with any of the above);
         - {"trickle"}: seconds between the body's bytes, sent one at a time.
+
+        A streamed request (`"stream": true`) takes the same keys: "content"
+        and "tool_calls" are streamed (the content word by word, a value that
+        is not a string in one chunk as is; each tool call as a first fragment
+        with its id, name and "" arguments, then its arguments 8 characters at
+        a time; a malformed call in one fragment as is), "override" replaces
+        top-level fields of every chunk, "status"/"error", "raw" and "delay"
+        act before the stream as above. And these:
+
+        - {"first_token_delay"}, {"chunk_delay"}: seconds before the first
+          chunk after the opening role chunk, and between the next ones
+          (defaults: the constructor's; a non-streamed answer waits their sum);
+        - {"chunks": [...]}: the content pieces, one chunk each (any JSON
+          values), instead of the content split word by word;
+        - {"fail_after": n}: the opening role chunk and n more, then the
+          connection is dropped (no end of the chunked body, no [DONE]);
+          with {"error": "message"} (and no "status"), an OpenAI error event
+          `data: {"error": {...}}` is sent instead and the body ends cleanly;
+        - {"raw_stream": str | bytes | [pieces]}: that body as is (content
+          type "content_type", default text/event-stream), the pieces sent
+          one write each, "chunk_delay" apart.
         """
         with self._lock:
             self._script.extend(replies)
@@ -173,11 +217,75 @@ class FakeOpenAI:
             return scripted
         if not path.endswith("/chat/completions"):
             return 404, "application/json", _json({"error": {"message": "not found"}})
+        # As long as the same answer would take to stream to its end.
+        first_token_delay, chunk_delay = self._pacing(reply)
+        if first_token_delay or chunk_delay:
+            chunks = len(_stream_chunks(body, reply)) - 1  # after the role chunk
+            time.sleep(first_token_delay + chunk_delay * max(chunks - 1, 0))
         return (
             200,
             "application/json",
             _json({**_completion(body, reply), **reply.get("override", {})}),
         )
+
+    def _pacing(self, reply: dict[str, Any]) -> tuple[float, float]:
+        """(first token delay, chunk delay) for a reply."""
+        return (
+            float(reply.get("first_token_delay", self.first_token_delay)),
+            float(reply.get("chunk_delay", self.chunk_delay)),
+        )
+
+    def _stream(
+        self, handler: BaseHTTPRequestHandler, body: dict[str, Any], reply: dict[str, Any]
+    ) -> None:
+        """Answer a streamed chat request (after its delay) as OpenAI does."""
+        first_token_delay, chunk_delay = self._pacing(reply)
+        handler.protocol_version = "HTTP/1.1"  # for chunked transfer encoding
+        handler.send_response(200)
+        handler.send_header(
+            "content-type", reply.get("content_type", "text/event-stream; charset=utf-8")
+        )
+        handler.send_header("cache-control", "no-cache")
+        handler.send_header("transfer-encoding", "chunked")
+        handler.send_header("connection", "close")
+        handler.end_headers()
+
+        def send(data: bytes) -> None:
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            handler.wfile.flush()
+
+        def end() -> None:
+            handler.wfile.write(b"0\r\n\r\n")
+            handler.wfile.flush()
+
+        if "raw_stream" in reply:
+            raw = reply["raw_stream"]
+            for i, piece in enumerate(raw if isinstance(raw, list) else [raw]):
+                if i:
+                    time.sleep(chunk_delay)
+                data = piece if isinstance(piece, bytes) else piece.encode("utf-8", "surrogatepass")
+                if data:  # an empty chunk would end the body
+                    send(data)
+            end()
+            return
+
+        role, *rest = _stream_chunks(body, reply)
+        send(_event(role))
+        fail_after = reply.get("fail_after")
+        for i, chunk in enumerate(rest):
+            if fail_after is not None and i == fail_after:
+                break
+            time.sleep(first_token_delay if i == 0 else chunk_delay)
+            send(_event(chunk))
+        else:
+            send(b"data: [DONE]\n\n")
+            end()
+            return
+        if "error" in reply:
+            error = {"message": reply["error"], "type": "server_error", "code": None}
+            send(_event({"error": error}))
+            end()
+        # Else the connection is dropped: no end of the chunked body.
 
     def _respond_embeddings(
         self, body: dict[str, Any], reply: dict[str, Any]
@@ -238,6 +346,72 @@ def _completion(body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
         ],
         "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
     }
+
+
+def _stream_chunks(body: dict[str, Any], reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chunks of a streamed answer to `body` (the opening role chunk first)."""
+    message = _completion(body, reply)["choices"][0]["message"]
+    content = message.get("content")
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    if "chunks" in reply:
+        deltas += [{"content": piece} for piece in reply["chunks"]]
+    elif isinstance(content, str):
+        deltas += [{"content": piece} for piece in re.findall(r"\S+\s*|\s+", content)]
+    elif content is not None:
+        deltas.append({"content": content})  # a wrong type, in one chunk
+    if "tool_calls" in message:
+        deltas += [{"tool_calls": f} for f in _tool_call_fragments(message["tool_calls"])]
+    finish = "tool_calls" if message.get("tool_calls") else "stop"
+    include_usage = (body.get("stream_options") or {}).get("include_usage") is True
+    created = int(time.time())
+    base = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": body.get("model", "fake-model"),
+        "system_fingerprint": None,
+    }
+    if include_usage:
+        base["usage"] = None  # in every chunk but the last, as OpenAI sends it
+    override = reply.get("override", {})
+    chunks = [
+        {
+            **base,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}],
+            **override,
+        }
+        for delta in deltas
+    ]
+    closing = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}
+    chunks.append({**base, "choices": [closing], **override})
+    if include_usage:
+        usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+        chunks.append({**base, "choices": [], "usage": usage, **override})
+    return chunks
+
+
+def _tool_call_fragments(tool_calls: Any) -> list[Any]:
+    """Each value of `delta.tool_calls` that streams `tool_calls`, in order."""
+    if not isinstance(tool_calls, list):
+        return [tool_calls]  # a wrong type, as is
+    fragments: list[Any] = []
+    for index, call in enumerate(tool_calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if not isinstance(call, dict) or not isinstance(arguments, str):
+            fragments.append([{"index": index, **call} if isinstance(call, dict) else call])
+            continue
+        assert isinstance(function, dict)
+        fragments.append([{"index": index, **call, "function": {**function, "arguments": ""}}])
+        fragments += [
+            [{"index": index, "function": {"arguments": arguments[i : i + 8]}}]
+            for i in range(0, len(arguments), 8)
+        ]
+    return fragments
+
+
+def _event(payload: Any) -> bytes:
+    return b"data: " + _json(payload) + b"\n\n"
 
 
 def _json(payload: Any) -> bytes:

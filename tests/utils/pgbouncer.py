@@ -26,6 +26,8 @@ from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from tests.utils.processes import free_port
+
 SEARCH_PATH = f"{os.environ.get('PATH', '')}:/usr/sbin:/usr/local/sbin"
 
 
@@ -37,12 +39,6 @@ def binary() -> str:
             " (Debian: apt-get install pgbouncer)"
         )
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -81,7 +77,7 @@ def start(server_conninfo: str, users: dict[str, str | None], pool_size: int) ->
     server = conninfo_to_dict(server_conninfo)
     host = str(server.get("host") or "/tmp")
     dbname = str(server.get("dbname") or "postgres")
-    port = _free_port()
+    port = free_port()
     directory = Path(tempfile.mkdtemp(prefix="memchat-pgbouncer-"))
     directory.chmod(0o755)  # readable by the unprivileged user it may run as
     userlist = "".join(f'"{name}" "{password or ""}"\n' for name, password in users.items())

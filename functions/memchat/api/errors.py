@@ -39,8 +39,11 @@ def request_id_of(request: Request) -> str:
 def error_response(
     request: Request, status: int, code: str, detail: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    body = {"error": code, "detail": detail, "request_id": request_id_of(request)}
-    return JSONResponse(body, status_code=status, headers=headers)
+    return JSONResponse(_body(request, code, detail), status_code=status, headers=headers)
+
+
+def _body(request: Request, code: str, detail: str) -> dict[str, str]:
+    return {"error": code, "detail": detail, "request_id": request_id_of(request)}
 
 
 _METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
@@ -68,9 +71,19 @@ def _field(loc: tuple[Any, ...]) -> str:
 
 async def _memchat_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, MemchatError)
+    body = error_body(request, exc)
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers or None)
+
+
+def error_body(request: Request, exc: BaseException) -> dict[str, str]:
+    """The contract's error JSON for `exc`, logged as its handler would: a
+    MemchatError as itself, anything else as an internal error."""
+    if not isinstance(exc, MemchatError):
+        _log_unexpected(request, exc)
+        return _body(request, "internal_error", MemchatError.detail)
     if exc.status >= 500:
         logger.warning("request failed", extra={"error": exc.code, "status": exc.status})
-    return error_response(request, exc.status, exc.code, exc.detail, exc.headers or None)
+    return _body(request, exc.code, exc.detail)
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -109,6 +122,10 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     """A 500 in the contract's shape; the request middleware calls this so
     the exception never reaches the server's own (verbose) error logging."""
+    return JSONResponse(error_body(request, exc), status_code=500)
+
+
+def _log_unexpected(request: Request, exc: BaseException) -> None:
     # The exception's text may quote user input (a database error echoing a
     # value, say): log where it happened, never what it says.
     frames = traceback.extract_tb(exc.__traceback__)
@@ -121,7 +138,6 @@ def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
             "request_id": request_id_of(request),
         },
     )
-    return error_response(request, 500, "internal_error", MemchatError.detail)
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from fastapi import Depends, FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from memchat import __version__
 from memchat.api import deps, errors
@@ -72,6 +73,64 @@ class BodyLimit:
         await self.app(scope, limited_receive, watched_send)
 
 
+class RequestContext:
+    """Each request's id (X-Request-ID), its log line, and a 500 in the
+    contract's shape for anything unexpected.
+
+    Plain ASGI, not BaseHTTPMiddleware: a streamed response (SSE, exports)
+    reaches the server's own `send` untouched, so its chunks are not relayed
+    through another task and a client gone mid-stream is the response's
+    business (a streamed chat turn still finishes and is stored). The log
+    line comes when the response has ended, with its whole duration.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        request_id = request.state.request_id = _request_id(request)
+        started = time.perf_counter()
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                MutableHeaders(scope=message)["X-Request-ID"] = request_id
+            await send(message)
+
+        try:
+            length = request.headers.get("content-length")
+            if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
+                refusal = errors.error_response(request, 413, "payload_too_large", TOO_LARGE, CLOSE)
+                await refusal(scope, receive, send_with_id)
+            else:
+                await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:
+            logger.info("client disconnected", extra={"request_id": request_id})
+        except Exception as exc:
+            if status:
+                # Too late for an error response: the client has part of one.
+                errors.error_body(request, exc)  # logged as the handlers would
+            else:
+                await errors.unexpected_error(request, exc)(scope, receive, send_with_id)
+        finally:
+            logger.info(
+                "request",
+                extra={
+                    "request_id": request_id,
+                    "method": request.method,
+                    "path": request.url.path,
+                    "status": status,
+                    "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+                },
+            )
+
+
 def _request_id(request: Request) -> str:
     event = request.scope.get("aws.event") or {}
     from_gateway = (event.get("requestContext") or {}).get("requestId")
@@ -97,34 +156,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
     # through it directly and its 413 reaches the error handlers.
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
 
-    @app.middleware("http")
-    async def request_context(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        request.state.request_id = _request_id(request)
-        started = time.perf_counter()
-        length = request.headers.get("content-length")
-        if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            response: Response = errors.error_response(
-                request, 413, "payload_too_large", TOO_LARGE, CLOSE
-            )
-        else:
-            try:
-                response = await call_next(request)
-            except Exception as exc:
-                response = errors.unexpected_error(request, exc)
-        response.headers["X-Request-ID"] = request.state.request_id
-        logger.info(
-            "request",
-            extra={
-                "request_id": request.state.request_id,
-                "method": request.method,
-                "path": request.url.path,
-                "status": response.status_code,
-                "duration_ms": round((time.perf_counter() - started) * 1000, 2),
-            },
-        )
-        return response
+    app.add_middleware(RequestContext)
 
     if settings.cors_allow_origins:
         from fastapi.middleware.cors import CORSMiddleware

@@ -78,6 +78,10 @@ class ChatBody(BaseModel):
         le=10,
         description="Earlier exchanges to recall by meaning (0: none); default MEMORY_RECALL_K.",
     )
+    stream: bool = Field(
+        default=False,
+        description="Answer as Server-Sent Events (as `Accept: text/event-stream`).",
+    )
 
 
 class Usage(BaseModel):

@@ -10,6 +10,12 @@ The body is therefore read here as plain JSON and every field we use is
 checked: anything unexpected is the provider's failure (502, nothing
 stored). Every string we keep is made storable (see `_storable`).
 
+Streamed answers (`ModelClient.complete_streaming`) go through the same
+client and the same error mapping. The SDK's typed chunks are not used
+either: the Server-Sent Events are read here line by line, every chunk is
+checked like a whole answer is, and a stream that breaks off, reports an
+error or cannot be read is the provider's failure too.
+
 Embeddings (`ModelClient.embed`, for recall) go through the same client and
 the same reading of the body, but are optional: any failure is
 `EmbeddingUnavailable` and the turn answers without recall.
@@ -18,10 +24,12 @@ the same reading of the body, but are optional: any failure is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
 import re
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
@@ -37,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 UNREADABLE = "The model provider sent an answer that could not be read; nothing was stored."
 NO_ANSWER = "The model provider returned no answer; nothing was stored."
+CUT_OFF = "The model provider's answer broke off before its end; nothing was stored."
+STREAM_ERROR = "The model provider reported an error while answering; nothing was stored."
 
 
 class EmbeddingUnavailable(Exception):
@@ -129,31 +139,88 @@ class ModelClient:
         allow_tools: bool = True,
     ) -> Completion:
         """One chat completion; maps provider failures to 502/504 errors."""
-        import openai
+        with _provider_errors():
+            # The raw response: its body is read below, not by the SDK (see the
+            # module docstring). Status errors, timeouts and retries are the SDK's.
+            response = await self._post_chat(self._chat_request(messages, tools, allow_tools))
+            body = response.content
+        with _readable():
+            return _completion(body, self.model)
 
+    async def complete_streaming(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        allow_tools: bool = True,
+        on_delta: Callable[[str], Awaitable[None]] | None = None,
+    ) -> Completion:
+        """One chat completion, streamed: `complete`'s answer, and its text as it comes.
+
+        Every piece of the answer's text is awaited in `on_delta` as soon as
+        its chunk arrives, made storable like the final content (the deltas
+        join to exactly `Completion.content`). Tool calls, sent in fragments,
+        are assembled; usage comes from the stream's last chunk.
+
+        The same client, timeouts and retries as `complete` (the timeout bounds
+        each read, so also the wait for the first token and between chunks),
+        and the same errors: UpstreamTimeout, or UpstreamError for an HTTP
+        error, a stream that breaks off, reports an error or cannot be read.
+        A stream that fails once begun is not retried: its text was passed on.
+        An exception of `on_delta` propagates as it is, the stream closed.
+        """
+        body = self._chat_request(messages, tools, allow_tools)
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        with _provider_errors():
+            # Status errors (before the stream), timeouts and retries are the
+            # SDK's; the body is read below, event by event.
+            response = await self._post_chat(body, stream=True)
+        try:
+            with _readable():
+                return await _streamed_completion(response, self.model, on_delta)
+        finally:
+            await response.aclose()
+
+    async def _post_chat(self, body: dict[str, Any], *, stream: bool = False) -> httpx.Response:
+        """POST /chat/completions through the SDK's client, answered with the
+        HTTP response itself (read whole, or unread when `stream`).
+
+        The SDK's own low-level `post` (its way to call any endpoint), not
+        `chat.completions.create`: `create` first walks the whole request
+        through its typed-dict transform, which for our plain JSON messages
+        changes nothing and cost 4.4 ms of CPU per call with a 31-message
+        context (docs/benchmarks.md, "Streamed answers"), paid on every turn
+        before the request leaves. Authentication, timeouts, retries and the
+        mapping of HTTP errors to exceptions are the same.
+        """
+        import httpx2
+
+        client = self._openai()
+        if stream:
+            from openai import AsyncStream
+
+            # With `cast_to` an HTTP response, the SDK returns it as it is (never
+            # the `stream_cls` the signature asks for), its body not yet read.
+            streamed: object = await client.post(
+                "/chat/completions",
+                cast_to=httpx2.Response,
+                body=body,
+                stream=True,
+                stream_cls=AsyncStream[Any],
+            )
+            assert isinstance(streamed, httpx2.Response)
+            return streamed
+        return await client.post("/chat/completions", cast_to=httpx2.Response, body=body)
+
+    def _chat_request(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, allow_tools: bool
+    ) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
         if tools:
             kwargs["tools"] = tools
             kwargs["tool_choice"] = "auto" if allow_tools else "none"
-        try:
-            # The raw response: its body is read below, not by the SDK (see the
-            # module docstring). Status errors, timeouts and retries are the SDK's.
-            response = await self._openai().chat.completions.with_raw_response.create(**kwargs)
-            body = response.content
-        except openai.APITimeoutError as exc:
-            raise UpstreamTimeout() from exc
-        except openai.APIStatusError as exc:
-            raise UpstreamError(
-                f"The model provider answered HTTP {exc.status_code}; nothing was stored."
-            ) from exc
-        except openai.APIError as exc:
-            raise UpstreamError() from exc
-        try:
-            return _completion(body, self.model)
-        except _Unreadable as exc:
-            # Which field was wrong, never its value: it may be message text.
-            logger.warning("model answer unreadable", extra={"reason": str(exc)})
-            raise UpstreamError(UNREADABLE) from None
+        return kwargs
 
     async def embed(self, text: str) -> list[float]:
         """`text`'s embedding: OPENAI_EMBEDDING_MODEL, EMBEDDING_DIMENSIONS floats.
@@ -218,6 +285,34 @@ class _Unreadable(Exception):
     """The body is not a chat completion we can use; the message names the field."""
 
 
+@contextlib.contextmanager
+def _provider_errors() -> Iterator[None]:
+    """The SDK's failures (status, timeout, connection) as 502/504 errors."""
+    import openai
+
+    try:
+        yield
+    except openai.APITimeoutError as exc:
+        raise UpstreamTimeout() from exc
+    except openai.APIStatusError as exc:
+        raise UpstreamError(
+            f"The model provider answered HTTP {exc.status_code}; nothing was stored."
+        ) from exc
+    except openai.APIError as exc:
+        raise UpstreamError() from exc
+
+
+@contextlib.contextmanager
+def _readable() -> Iterator[None]:
+    """An answer we cannot read is the provider's failure: 502, nothing stored."""
+    try:
+        yield
+    except _Unreadable as exc:
+        # Which field was wrong, never its value: it may be message text.
+        logger.warning("model answer unreadable", extra={"reason": str(exc)})
+        raise UpstreamError(UNREADABLE) from None
+
+
 def _completion(body: bytes, default_model: str) -> Completion:
     """The completion in a 200 response body, every field used checked."""
     root = _object(_json(body), "body")
@@ -235,6 +330,264 @@ def _completion(body: bytes, default_model: str) -> Completion:
     calls = [c for c in (_tool_call(item) for item in tool_calls) if c is not None]
     model = _string(root.get("model"), "model", default="") or default_model
     return Completion(content, calls, model, _usage(root.get("usage")))
+
+
+async def _streamed_completion(
+    response: httpx.Response,
+    default_model: str,
+    on_delta: Callable[[str], Awaitable[None]] | None,
+) -> Completion:
+    """The completion a 200 streamed response carries, each text delta passed on."""
+    content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/json" or content_type.endswith("+json"):
+        # A server that ignores `stream` and answers with the whole completion.
+        with _reading_errors():
+            body = await response.aread()
+        completion = _completion(body, default_model)
+        if completion.content and on_delta is not None:
+            await on_delta(completion.content)
+        return completion
+    stream = _Stream(default_model)
+    events = _sse_events(response.aiter_bytes())
+    try:
+        while True:
+            with _reading_errors():
+                event = await anext(events, None)
+            if event is None:
+                break
+            name, data = event
+            if data.strip() == b"[DONE]":
+                stream.done = True
+                await _drain(events)
+                break
+            text = stream.feed(name, data)
+            # Passed on at once: a slow consumer slows the reading, nothing piles up.
+            if text and on_delta is not None:
+                await on_delta(text)
+    finally:
+        await events.aclose()
+    tail = stream.finish()
+    if tail and on_delta is not None:
+        await on_delta(tail)
+    return stream.completion()
+
+
+_DRAIN_SECONDS = 0.1
+
+
+async def _drain(events: AsyncIterator[object]) -> None:
+    """Read what follows [DONE] (normally nothing but the body's end), briefly:
+    a body read to its end lets the HTTP connection be used again."""
+    with contextlib.suppress(Exception):  # the answer is whole: nothing here fails it
+        async with asyncio.timeout(_DRAIN_SECONDS):
+            async for _ in events:
+                pass
+
+
+@contextlib.contextmanager
+def _reading_errors() -> Iterator[None]:
+    """Failures while reading a 200 body: the stream broke (502) or stalled (504)."""
+    import httpx2
+
+    try:
+        yield
+    except _Unreadable:
+        raise
+    except httpx2.TimeoutException as exc:
+        raise UpstreamTimeout() from exc
+    except Exception as exc:
+        # The connection dropped, a chunk was cut, TLS failed...: only the
+        # type is logged (a message could quote the answer).
+        logger.warning("model stream broke off", extra={"reason": type(exc).__name__})
+        raise UpstreamError(CUT_OFF) from exc
+
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+_SSE_FIELDS = (b"data", b"event", b"id", b"retry")
+_BOM = b"\xef\xbb\xbf"
+
+
+async def _sse_events(
+    chunks: AsyncIterator[bytes],
+) -> AsyncGenerator[tuple[str, bytes], None]:
+    """The (event name, data) of each Server-Sent Event in a byte stream.
+
+    As the SSE specification reads them (lines end in CR, LF or CRLF; `:`
+    starts a comment; several `data:` lines join with LF; a blank line ends
+    an event), but strictly: a line that is no SSE field at all (HTML, bare
+    JSON) is unreadable rather than ignored. An event the stream ends in
+    without its blank line is still dispatched: a cut one fails as JSON.
+    """
+    buffer = bytearray()
+    data: list[bytes] = []
+    name = ""
+    first = True
+
+    def line_of(raw: bytes) -> tuple[str, bytes] | None:
+        nonlocal name
+        if not raw:
+            event = (name, b"\n".join(data)) if data else None
+            data.clear()
+            name = ""
+            return event
+        if raw.startswith(b":"):
+            return None  # a comment (keep-alive)
+        field_name, colon, value = raw.partition(b":")
+        if not colon or field_name not in _SSE_FIELDS:
+            raise _Unreadable("the stream holds a line that is not a server-sent event")
+        value = value.removeprefix(b" ")
+        if field_name == b"data":
+            data.append(value)
+        elif field_name == b"event":
+            name = value.decode("utf-8", "replace")
+        return None
+
+    async for chunk in chunks:
+        buffer += chunk
+        if first:
+            if len(buffer) < len(_BOM) and _BOM.startswith(buffer):
+                continue  # perhaps a byte order mark split between chunks
+            first = False
+            if buffer.startswith(_BOM):
+                del buffer[: len(_BOM)]
+        start = 0
+        for match in _LINE_END.finditer(buffer):
+            if match.group() == b"\r" and match.end() == len(buffer):
+                break  # perhaps the CR of a CRLF split between two chunks
+            event = line_of(bytes(buffer[start : match.start()]))
+            start = match.end()
+            if event is not None:
+                yield event
+        del buffer[:start]
+    # The stream's end ends its last line and its last event.
+    for raw in (bytes(buffer).removesuffix(b"\r"), b""):
+        event = line_of(raw)
+        if event is not None:
+            yield event
+
+
+@dataclass
+class _PartialCall:
+    """A streamed tool call so far: OpenAI sends its id and name once, its
+    arguments in pieces."""
+
+    id: str | None = None
+    name: str | None = None
+    arguments: list[str] | None = None
+    function: bool = False
+
+
+class _Stream:
+    """A streamed completion read chunk by chunk, every field used checked."""
+
+    def __init__(self, default_model: str) -> None:
+        self.done = False  # [DONE] was received
+        self._default_model = default_model
+        self._model = ""
+        self._usage: dict[str, int] = {}
+        self._content: list[str] = []
+        self._held = ""  # a high surrogate whose low half may open the next chunk
+        self._calls: dict[int, _PartialCall] = {}
+        self._answered = False  # a chunk held a choice
+        self._finished = False  # a choice had its finish_reason
+
+    def feed(self, event: str, data: bytes) -> str:
+        """Take one event; the storable text it adds to the answer ("" for none)."""
+        if event == "error":
+            raise self._failed()
+        root = _object(_json(data), "chunk")
+        if root.get("error") is not None:
+            raise self._failed()
+        model = _string(root.get("model"), "model", default="")
+        if model:
+            self._model = model
+        if root.get("usage") is not None:
+            self._usage = _usage(root["usage"])
+        choices = root.get("choices")
+        if choices is None or choices == []:
+            return ""  # e.g. the usage chunk
+        choice = _object(_list(choices, "choices")[0], "choices[0]")
+        delta = choice.get("delta")
+        delta = _object({} if delta is None else delta, "delta")
+        if choice.get("finish_reason") is not None:
+            _text(choice["finish_reason"], "finish_reason")
+            self._finished = True
+        self._answered = True
+        tool_calls = delta.get("tool_calls")
+        if tool_calls is not None:
+            for position, fragment in enumerate(_list(tool_calls, "delta.tool_calls")):
+                self._tool_call_fragment(position, fragment)
+        return self._add(_text(delta.get("content"), "delta.content", default=""))
+
+    def finish(self) -> str:
+        """Check that the answer is whole; the storable text still held back."""
+        if not self.done and not self._finished:
+            # Neither [DONE] nor a finish_reason: the stream ended early.
+            logger.warning("model stream broke off", extra={"reason": "no end of answer"})
+            raise UpstreamError(CUT_OFF)
+        if not self._answered:
+            raise UpstreamError(NO_ANSWER)
+        tail, self._held = _storable(self._held), ""
+        if tail:
+            self._content.append(tail)
+        return tail
+
+    def completion(self) -> Completion:
+        calls = [
+            ToolCall(
+                id=_string(call.id, "tool call id"),
+                name=_string(call.name, "tool call name"),
+                arguments=_storable_json(
+                    _storable("{}" if call.arguments is None else "".join(call.arguments))
+                ),
+            )
+            for _, call in sorted(self._calls.items())
+            if call.function  # other kinds of call carry no function
+        ]
+        return Completion(
+            "".join(self._content), calls, self._model or self._default_model, self._usage
+        )
+
+    def _add(self, text: str) -> str:
+        """`text` made storable, less a trailing high surrogate kept for the next
+        piece: a surrogate pair split between two chunks is joined again."""
+        text, self._held = self._held + text, ""
+        if text and "\ud800" <= text[-1] <= "\udbff":
+            text, self._held = text[:-1], text[-1]
+        text = _storable(text)
+        if text:
+            self._content.append(text)
+        return text
+
+    def _tool_call_fragment(self, position: int, value: Any) -> None:
+        fragment = _object(value, "tool call")
+        index = fragment.get("index")
+        if index is None:
+            index = position  # a server that sends each call whole, unnumbered
+        elif isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise _Unreadable("tool call index is not a count")
+        call = self._calls.setdefault(index, _PartialCall())
+        if fragment.get("id") is not None:
+            call_id = _text(fragment["id"], "tool call id")
+            if not call.id:
+                call.id = call_id
+        if fragment.get("function") is None:
+            return
+        function = _object(fragment["function"], "tool call function")
+        call.function = True
+        if function.get("name") is not None:
+            name = _text(function["name"], "tool call name")
+            if not call.name:
+                call.name = name
+        if function.get("arguments") is not None:
+            piece = _text(function["arguments"], "arguments")
+            call.arguments = [*(call.arguments or []), piece]
+
+    @staticmethod
+    def _failed() -> UpstreamError:
+        # The provider's error message is not logged: it may quote the prompt.
+        logger.warning("model stream reported an error", extra={"reason": "error event"})
+        return UpstreamError(STREAM_ERROR)
 
 
 def _embedding(body: bytes, dimensions: int) -> list[float]:
@@ -323,11 +676,16 @@ def _object(value: Any, where: str) -> dict[str, Any]:
 
 def _string(value: Any, where: str, *, default: str | None = None) -> str:
     """A string field, made storable; null or absent only when there is a default."""
+    return _storable(_text(value, where, default=default))
+
+
+def _text(value: Any, where: str, *, default: str | None = None) -> str:
+    """A string field as it is (a piece of a streamed one: made storable once joined)."""
     if value is None and default is not None:
         return default
     if not isinstance(value, str):
         raise _Unreadable(f"{where} is not a string")
-    return _storable(value)
+    return value
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

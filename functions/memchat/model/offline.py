@@ -6,7 +6,8 @@ It is served through the real `openai` client via an in-process HTTP
 transport, and every answer says that it is the offline responder.
 
 It serves `POST /chat/completions` (an answer built from the prompt: the
-last message, the history, the notes, the first recalled exchange) and
+last message, the history, the notes, the first recalled exchange; with
+`"stream": true`, streamed as OpenAI does, word by word) and
 `POST /embeddings` (the local feature-hashing embedder of
 `memchat.model.embeddings`: it matches shared words, not meaning).
 """
@@ -14,10 +15,13 @@ last message, the history, the notes, the first recalled exchange) and
 from __future__ import annotations
 
 import array
+import asyncio
 import base64
 import json
+import re
 import time
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx2 as httpx  # the HTTP library of the openai SDK (>= 3)
@@ -35,6 +39,9 @@ LABEL = "[offline responder: set OPENAI_API_KEY for real answers]"
 DEFAULT_DIMENSIONS = 1536
 MAX_DIMENSIONS = 16000
 _QUOTE_CHARS = 200
+# Between two streamed chunks: enough for `memchat dev` to show an answer grow.
+STREAM_PAUSE_SECONDS = 0.02
+_ARGUMENT_PIECE = 16
 
 
 def _reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -185,6 +192,13 @@ def _handle(request: httpx.Request) -> httpx.Response:
     message = _reply(body.get("messages", []))
     if body.get("tool_choice") == "none" and message.get("tool_calls"):
         message = {"role": "assistant", "content": f"{LABEL} (no tool rounds left)"}
+    if body.get("stream") is True:
+        include_usage = (body.get("stream_options") or {}).get("include_usage") is True
+        return httpx.Response(
+            200,
+            headers={"content-type": "text/event-stream; charset=utf-8"},
+            content=_stream(message, include_usage),
+        )
     completion = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -200,6 +214,58 @@ def _handle(request: httpx.Request) -> httpx.Response:
         "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
     }
     return httpx.Response(200, json=completion)
+
+
+def _stream(message: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes]:
+    """`message` as OpenAI streams it: Server-Sent Events, one chunk each."""
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    deltas += [{"content": word} for word in re.findall(r"\S+\s*|\s+", message["content"] or "")]
+    for index, call in enumerate(message.get("tool_calls") or []):
+        function = call["function"]
+        deltas.append(
+            {
+                "tool_calls": [
+                    {
+                        "index": index,
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": function["name"], "arguments": ""},
+                    }
+                ]
+            }
+        )
+        arguments = function["arguments"]
+        deltas += [
+            {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+            for piece in (
+                arguments[i : i + _ARGUMENT_PIECE]
+                for i in range(0, len(arguments), _ARGUMENT_PIECE)
+            )
+        ]
+    base: dict[str, Any] = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": "memchat-offline",
+    }
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        for delta in deltas
+    ]
+    finish = "tool_calls" if message.get("tool_calls") else "stop"
+    chunks.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+    if include_usage:
+        usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+        chunks.append({**base, "choices": [], "usage": usage})
+
+    async def events() -> AsyncIterator[bytes]:
+        for i, chunk in enumerate(chunks):
+            if i:
+                await asyncio.sleep(STREAM_PAUSE_SECONDS)
+            yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    return events()
 
 
 def http_client() -> httpx.AsyncClient:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 import uuid
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
 
     from memchat.config import Settings
     from memchat.db import Database
-    from memchat.model.client import ModelClient, ToolCall
+    from memchat.model.client import Completion, ModelClient, ToolCall
+    from memchat.usecases.streaming import TurnListener
 
 logger = logging.getLogger(__name__)
 
@@ -93,8 +95,15 @@ class ChatService:
     def __post_init__(self) -> None:
         self.recall = Recall(self.db, self.model, self.settings)
 
-    async def run(self, caller: store.Caller, request: ChatRequest) -> ChatResult:
-        result = await self._run(caller, request)
+    async def run(
+        self,
+        caller: store.Caller,
+        request: ChatRequest,
+        listener: TurnListener | None = None,
+    ) -> ChatResult:
+        """One turn. A `listener` hears it as it happens (streaming): its
+        memory once loaded, the answer's pieces, the notes' changes."""
+        result = await self._run(caller, request, listener)
         if self.on_turn is not None:
             try:
                 self.on_turn(result)
@@ -102,10 +111,12 @@ class ChatService:
                 logger.exception("turn observer failed")
         return result
 
-    async def _run(self, caller: store.Caller, request: ChatRequest) -> ChatResult:
+    async def _run(
+        self, caller: store.Caller, request: ChatRequest, listener: TurnListener | None
+    ) -> ChatResult:
         deadline = asyncio.get_running_loop().time() + self.settings.turn_timeout_seconds
         if not (self.settings.memory_enabled and request.use_memory):
-            return await self._run_without_memory(caller, request, deadline)
+            return await self._run_without_memory(caller, request, deadline, listener)
         k = self.settings.memory_recall_k if request.recall_k is None else request.recall_k
         # The embedding is made while the context loads (see usecases/recall.py);
         # the load is a task scheduled after the embedding's, so the embedding
@@ -120,9 +131,11 @@ class ChatService:
         retrieval_ms = (time.perf_counter() - started) * 1000
         if context.replay is not None:
             pending.cancel()
-            return _replayed(context, retrieval_ms)
+            return await _replay(_replayed(context, retrieval_ms), listener)
         try:
-            return await self._answer(caller, request, context, pending, deadline, retrieval_ms)
+            return await self._answer(
+                caller, request, context, pending, deadline, retrieval_ms, listener
+            )
         except BaseException:
             pending.cancel()
             if context.claimed and request.client_message_id:
@@ -170,6 +183,7 @@ class ChatService:
         pending: PendingRecall,
         deadline: float,
         retrieval_ms: float,
+        listener: TurnListener | None,
     ) -> ChatResult:
         """Recall, fit memory to the budget, run the model and store the turn."""
         limits = context.limits
@@ -193,6 +207,20 @@ class ChatService:
         )
         summary = context.summary
         memory = self._fit(notes.notes, recalled.hits, context.messages, summary)
+        summary_covers_until = summary.covers_until if summary and memory.summary else None
+        used = functools.partial(
+            _memory,
+            enabled=True,
+            retrieval_ms=retrieval_ms,
+            messages_in_context=len(memory.window),
+            notes_used=bool(memory.notes),
+            truncated=memory.truncated,
+            context_tokens=memory.tokens,
+            recalled=dataclasses.replace(recalled, hits=memory.hits),  # those used
+            summary_covers_until=summary_covers_until,
+        )
+        if listener is not None:
+            await listener.started(session_id, agent_name, used())
         prompt = [
             {"role": "system", "content": self.system_prompt},
             *memory.messages(),
@@ -201,7 +229,9 @@ class ChatService:
 
         model_started = time.perf_counter()
         notes_limit = min(self.settings.ltm_max_chars, limits.max_notes_chars)
-        outcome = await self._with_deadline(deadline, self._converse(prompt, notes, notes_limit))
+        outcome = await self._with_deadline(
+            deadline, self._converse(prompt, notes, notes_limit, listener)
+        )
         model_ms = (time.perf_counter() - model_started) * 1000
 
         turn = store.Turn(
@@ -249,17 +279,7 @@ class ChatService:
             agent_name=agent_name,
             model=outcome.model,
             usage=outcome.usage,
-            memory=_memory(
-                enabled=True,
-                retrieval_ms=retrieval_ms,
-                messages_in_context=len(memory.window),
-                notes_used=bool(memory.notes),
-                notes_updated=bool(outcome.edits),
-                truncated=memory.truncated,
-                context_tokens=memory.tokens,
-                recalled=dataclasses.replace(recalled, hits=memory.hits),  # those used
-                summary_covers_until=summary.covers_until if summary and memory.summary else None,
-            ),
+            memory=used(notes_updated=bool(outcome.edits)),
             session=session,
             timings=timings,
         )
@@ -317,7 +337,11 @@ class ChatService:
             logger.warning("could not release a turn claim; it expires on its own")
 
     async def _run_without_memory(
-        self, caller: store.Caller, request: ChatRequest, deadline: float
+        self,
+        caller: store.Caller,
+        request: ChatRequest,
+        deadline: float,
+        listener: TurnListener | None,
     ) -> ChatResult:
         # Nothing is read into the prompt, but a deleted account is refused (401),
         # another user's session id is still a 404, and the throttle applies.
@@ -334,11 +358,14 @@ class ChatService:
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": request.message},
         ]
+        session_id = request.session_id or uuid.uuid4()
+        if listener is not None:
+            await listener.started(session_id, request.agent_name, _memory(enabled=False))
         started = time.perf_counter()
-        completion = await self._with_deadline(deadline, self.model.complete(prompt))
+        completion = await self._with_deadline(deadline, self._complete(prompt, listener=listener))
         return ChatResult(
             answer=completion.content,
-            session_id=request.session_id or uuid.uuid4(),
+            session_id=session_id,
             agent_name=request.agent_name,
             model=completion.model,
             usage=_usage(completion.usage),
@@ -369,14 +396,33 @@ class ChatService:
             max_window_chars=self.settings.memory_max_context_chars,
         )
 
+    async def _complete(
+        self,
+        prompt: list[dict[str, Any]],
+        tool_schemas: list[dict[str, Any]] | None = None,
+        *,
+        allow_tools: bool = True,
+        listener: TurnListener | None,
+    ) -> Completion:
+        """One model call; streamed to the listener when there is one."""
+        if listener is None:
+            return await self.model.complete(prompt, tool_schemas, allow_tools=allow_tools)
+        return await self.model.complete_streaming(
+            prompt, tool_schemas, allow_tools=allow_tools, on_delta=listener.delta
+        )
+
     async def _converse(
-        self, prompt: list[dict[str, Any]], notes: store.Notes, notes_limit: int
+        self,
+        prompt: list[dict[str, Any]],
+        notes: store.Notes,
+        notes_limit: int,
+        listener: TurnListener | None = None,
     ) -> _Outcome:
         outcome = _Outcome(notes=notes.notes, model=self.model.model, notes_limit=notes_limit)
         rounds = self.settings.max_tool_rounds
         for round_number in range(rounds + 1):
-            completion = await self.model.complete(
-                prompt, [tools.TOOL_SCHEMA], allow_tools=round_number < rounds
+            completion = await self._complete(
+                prompt, [tools.TOOL_SCHEMA], allow_tools=round_number < rounds, listener=listener
             )
             outcome.model = completion.model
             for key, value in completion.usage.items():
@@ -413,7 +459,10 @@ class ChatService:
                 }
             )
             for call in completion.tool_calls:
+                edits = len(outcome.edits)
                 result = self._run_tool(call, outcome)
+                if listener is not None and len(outcome.edits) > edits:
+                    await listener.notes(outcome.edits[-1].operation)
                 outcome.messages.append(messages.tool(result, tool_call_id=call.id, name=call.name))
                 prompt.append({"role": "tool", "tool_call_id": call.id, "content": result})
         raise AssertionError("unreachable")
@@ -516,6 +565,14 @@ def _usage(usage: dict[str, int]) -> dict[str, int]:
 def _title(message: str) -> str:
     line = " ".join(message.split())
     return line if len(line) <= _TITLE_CHARS else line[: _TITLE_CHARS - 1] + "…"
+
+
+async def _replay(result: ChatResult, listener: TurnListener | None) -> ChatResult:
+    """A stored answer, told to the listener as one piece."""
+    if listener is not None:
+        await listener.started(result.session_id, result.agent_name, result.memory)
+        await listener.delta(result.answer)
+    return result
 
 
 def _replayed(context: store.Context, retrieval_ms: float) -> ChatResult:

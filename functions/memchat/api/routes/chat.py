@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Response
+from fastapi import APIRouter, Header, Request, Response
 
+from memchat.api import sse
 from memchat.api.deps import CurrentUser, State
 from memchat.api.schemas import (
     ChatBody,
@@ -18,13 +19,19 @@ from memchat.api.schemas import (
     parse_session_id,
 )
 from memchat.errors import BadRequest, PayloadTooLarge
-from memchat.usecases.chat import ChatRequest
+from memchat.usecases.chat import ChatRequest, ChatResult
+from memchat.usecases.streaming import StreamedTurn
 
 router = APIRouter(tags=["chat"])
 
 _CHAT_RESPONSES = {
     200: {
-        "description": "The answer",
+        "description": "The answer: JSON, or with `Accept: text/event-stream` (or"
+        ' `"stream": true`) Server-Sent Events: `start`, `delta`..., `notes`, then'
+        " `done` (the JSON body) or `error` (the error JSON); `: keep-alive` comments.",
+        "content": {
+            "text/event-stream": {"schema": sse.EVENT_SCHEMA},
+        },
         "headers": {
             "X-Session-ID": {
                 "description": "The session the turn was stored in.",
@@ -56,12 +63,17 @@ async def chat(
     body: ChatBody,
     caller: CurrentUser,
     state: State,
+    request: Request,
     response: Response,
     x_session_id: Annotated[
         UuidHeader, Header(description="The session, as body session_id.")
     ] = None,
-) -> ChatResponse:
-    """Send a message; the answer sees the conversation so far and the user's notes."""
+) -> ChatResponse | sse.EventStream:
+    """Send a message; the answer sees the conversation so far and the user's notes.
+
+    With `Accept: text/event-stream` or `"stream": true` the answer comes as
+    Server-Sent Events as the model writes it: `start`, `delta`..., `notes`,
+    then `done` (this body) or `error` (the error JSON)."""
     limit = state.settings.max_message_chars
     if len(body.message) > limit:
         raise PayloadTooLarge(f"message is {len(body.message)} characters; the limit is {limit}.")
@@ -71,19 +83,34 @@ async def chat(
     from_header = parse_session_id(x_session_id, "X-Session-ID")
     if from_body and from_header and from_body != from_header:
         raise BadRequest("X-Session-ID and body session_id name different sessions.")
-    result = await state.chat.run(
-        caller,
-        ChatRequest(
-            message=body.message,
-            session_id=from_body or from_header,
-            agent_name=body.agent_name,
-            use_memory=body.use_memory,
-            max_history_messages=body.max_history_messages,
-            client_message_id=body.client_message_id,
-            recall_k=body.recall_k,
-        ),
+    turn_request = ChatRequest(
+        message=body.message,
+        session_id=from_body or from_header,
+        agent_name=body.agent_name,
+        use_memory=body.use_memory,
+        max_history_messages=body.max_history_messages,
+        client_message_id=body.client_message_id,
+        recall_k=body.recall_k,
     )
+    if body.stream or sse.wants_stream(request.headers.get("accept")):
+        turn = StreamedTurn()
+        # Failures before the turn starts raise here, with their own status.
+        start = await turn.begin(state.chat.run(caller, turn_request, turn))
+        start.data["memory"] = MemoryInfo(**start.data["memory"]).model_dump(mode="json")
+        return sse.EventStream(
+            request,
+            turn,
+            start,
+            done=lambda result: chat_response(result).model_dump(mode="json"),
+            keepalive_seconds=state.settings.stream_keepalive_seconds,
+        )
+    result = await state.chat.run(caller, turn_request)
     response.headers["X-Session-ID"] = str(result.session_id)
+    return chat_response(result)
+
+
+def chat_response(result: ChatResult) -> ChatResponse:
+    """The turn's body: the non-streaming response, and the `done` event."""
     session = None
     if result.session is not None:
         info = result.session.as_dict()

@@ -1,0 +1,296 @@
+"""The chat page of `memchat dev` in a real browser: headless Chromium
+(Debian's package) driven by selenium through Debian's chromedriver.
+
+`memchat dev` runs as a subprocess against the test database; its model is
+the fake OpenAI server, pacing its answers 0.15 s a word, so the page's
+assistant bubble can be seen growing. A MutationObserver installed in the
+page records every length the bubble's text takes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.utils.dev_server import DevServer
+from tests.utils.fake_openai import FakeOpenAI, tool_call
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+WAIT = 30  # seconds, for anything the page does
+
+FIRST_ANSWER = "Green tea is best brewed below boiling, for two or three minutes at most."
+SECOND_ANSWER = "Noted: you like green tea, and I will keep that in mind from now on."
+
+# Records, for every change under #log, (assistant bubbles, the last one's
+# text length, whether it is still streaming).
+OBSERVE = """
+window.lengths = [];
+const log = document.getElementById("log");
+new MutationObserver(() => {
+  const bubbles = log.querySelectorAll(".msg.assistant");
+  const last = bubbles[bubbles.length - 1];
+  if (last) window.lengths.push([bubbles.length, last.querySelector(".text").textContent.length,
+                                 last.classList.contains("streaming")]);
+}).observe(log, { childList: true, subtree: true, characterData: true });
+"""
+
+
+# The model paces its answers: seconds between the pieces (conftest `dev_model`).
+MODEL_CHUNK_DELAY = 0.15
+
+
+@pytest.fixture
+def downloads(tmp_path: Path) -> Path:
+    path = tmp_path / "downloads"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def browser(downloads: Path) -> Iterator[WebDriver]:
+    """Headless Chromium from Debian's packages (never a download of selenium's)."""
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
+    assert not missing, (
+        f"{', '.join(missing)} missing: the browser tests need Debian's Chromium"
+        " (sudo apt-get install chromium chromium-driver; infra/test.sh installs them as root)"
+    )
+    options = Options()
+    options.binary_location = str(CHROMIUM)
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",  # CI runs as root
+        "--disable-dev-shm-usage",
+        "--window-size=1200,900",
+        # Nothing but the test's own server on 127.0.0.1: no background services,
+        # and anything else goes to a closed loopback port (loopback bypasses it).
+        "--proxy-server=http://127.0.0.1:9",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-default-apps",
+        "--disable-extensions",
+        "--disable-client-side-phishing-detection",
+        "--disable-domain-reliability",
+        "--no-default-browser-check",
+        "--no-first-run",
+        "--no-pings",
+        "--dns-prefetch-disable",
+    ):
+        options.add_argument(argument)
+    options.add_experimental_option(
+        "prefs",
+        {
+            "download.default_directory": str(downloads),
+            "download.prompt_for_download": False,
+            "download.directory_upgrade": True,
+            "safebrowsing.enabled": False,
+        },
+    )
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def wait(driver: WebDriver, what: str, check: Any) -> Any:
+    return WebDriverWait(driver, WAIT, poll_frequency=0.05).until(check, f"waiting for {what}")
+
+
+def open_page(driver: WebDriver, url: str) -> None:
+    """Load the page (restoring any stored conversation) and start recording."""
+    driver.get(url)
+    wait(
+        driver,
+        "the page to be ready",
+        lambda d: d.execute_script("return document.body.dataset.ready"),
+    )
+    driver.execute_script(OBSERVE)
+
+
+def texts(driver: WebDriver, selector: str) -> list[str]:
+    found = driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map((e) => e.textContent)", selector
+    )
+    return [str(text) for text in found]
+
+
+def send(driver: WebDriver, message: str) -> None:
+    """Type and send a message; returns once the page can send again."""
+    driver.find_element(By.ID, "text").send_keys(message)
+    driver.find_element(By.ID, "send").click()
+    wait(
+        driver,
+        "the answer to end",
+        lambda d: d.execute_script(
+            "return !document.getElementById('send').disabled"
+            " && !document.querySelector('.msg.assistant.streaming')"
+        ),
+    )
+
+
+def exchange(driver: WebDriver, message: str, answer: str) -> None:
+    """Send a message; check its answer grew in the bubble before it was whole."""
+    bubbles = len(texts(driver, ".msg.assistant"))
+    driver.execute_script("window.lengths = []")
+    send(driver, message)
+    assert texts(driver, ".msg.user")[-1] == message
+    assert texts(driver, ".msg.assistant .text")[-1] == answer
+    seen = driver.execute_script("return window.lengths")
+    growing = {
+        length
+        for n, length, streaming in seen
+        if n == bubbles + 1 and streaming and 0 < length < len(answer)
+    }
+    assert len(growing) >= 2, seen  # at least two partial answers were on screen
+
+
+def session_id(driver: WebDriver) -> str:
+    return str(driver.execute_script("return localStorage.getItem('memchat.session')"))
+
+
+def stored_messages(admin: psycopg.Connection, session: str) -> int:
+    row = admin.execute(
+        "select count(*) from public.chat_message_history where session_id = %s",
+        (uuid.UUID(session),),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def downloaded(folder: Path) -> Path:
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        done = [p for p in folder.iterdir() if not p.name.endswith(".crdownload")]
+        if done:
+            return done[0]
+        time.sleep(0.1)
+    raise AssertionError(f"nothing was downloaded into {folder}: {list(folder.iterdir())}")
+
+
+# ------------------------------------------------------------------ tests
+
+
+def test_the_page_streams_answers_keeps_exports_and_clears_the_conversation(
+    browser: WebDriver,
+    dev: DevServer,
+    dev_model: FakeOpenAI,
+    downloads: Path,
+    admin: psycopg.Connection,
+) -> None:
+    token = dev.token()
+    bearer = {"Authorization": f"Bearer {token}"}
+    dev_model.script(
+        {"content": FIRST_ANSWER},
+        tool_call("append", content="- Likes green tea"),
+        {"content": SECOND_ANSWER},
+    )
+    open_page(browser, f"{dev.url}/#token={token}")
+
+    exchange(browser, "How do I brew green tea?", FIRST_ANSWER)
+    metas = texts(browser, ".msg.assistant .meta")
+    assert "fake-model" in metas[0] and "0 msgs in context" in metas[0], metas
+    assert "context tokens" in metas[0] and "no long-term notes" in metas[0], metas
+    exchange(browser, "Remember that I like green tea", SECOND_ANSWER)
+    metas = texts(browser, ".msg.assistant .meta")
+    assert "2 msgs in context" in metas[1] and "notes updated (append)" in metas[1], metas
+    # The notes box was reloaded with the edit the turn stored.
+    wait(
+        browser,
+        "the notes box",
+        lambda d: "- Likes green tea" in d.find_element(By.ID, "notes").get_attribute("value"),
+    )
+    session = session_id(browser)
+    assert stored_messages(admin, session) == 6  # 2 turns, one with a tool round
+
+    # Export: a download of the session's JSON, named as the server names it.
+    browser.find_element(By.ID, "export").click()
+    exported = downloaded(downloads)
+    assert exported.name == f"memchat-session-{session}.json"
+    body = json.loads(exported.read_text())
+    assert body["session"]["id"] == session
+    said = [(m["role"], m["content"]) for m in body["messages"] if m["content"]]
+    assert ("user", "How do I brew green tea?") in said
+    assert ("assistant", FIRST_ANSWER) in said and ("assistant", SECOND_ANSWER) in said
+
+    # A reload shows the conversation again, without the tool round.
+    open_page(browser, f"{dev.url}/")
+    assert texts(browser, ".msg.user .text") == [
+        "How do I brew green tea?",
+        "Remember that I like green tea",
+    ]
+    assert texts(browser, ".msg.assistant .text") == [FIRST_ANSWER, SECOND_ANSWER]
+    assert session_id(browser) == session
+
+    # The notes can be edited and saved.
+    browser.find_element(By.CSS_SELECTOR, "#notes-box summary").click()
+    notes = browser.find_element(By.ID, "notes")
+    wait(browser, "the notes", lambda d: notes.get_attribute("value"))
+    notes.clear()
+    notes.send_keys("- Likes oolong")
+    browser.find_element(By.ID, "save-notes").click()
+    wait(browser, "the save", lambda d: "Notes saved." in d.find_element(By.ID, "status").text)
+    memory = httpx.get(f"{dev.url}/memory", params={"agent_name": "default"}, headers=bearer)
+    assert memory.json()["notes"] == "- Likes oolong"
+
+    # Clear: the log empties, the messages are gone, a new session starts.
+    browser.find_element(By.ID, "clear").click()
+    wait(browser, "the log to empty", lambda d: not texts(d, "#log .msg"))
+    assert "Cleared 6 messages" in browser.find_element(By.ID, "status").text
+    assert stored_messages(admin, session) == 0
+    assert session_id(browser) != session
+    old = httpx.get(f"{dev.url}/chat/export/{session}", headers=bearer, timeout=10)
+    assert old.status_code == 200 and old.json()["messages"] == []
+    open_page(browser, f"{dev.url}/")
+    assert texts(browser, "#log .msg") == []
+
+
+def test_the_page_shows_failures_as_error_lines(
+    browser: WebDriver, dev: DevServer, dev_model: FakeOpenAI
+) -> None:
+    token = dev.token()
+    # A session id left by an earlier visit whose session is gone: a fresh start.
+    open_page(browser, f"{dev.url}/#token={token}")
+    browser.execute_script(
+        "localStorage.setItem('memchat.session', arguments[0])", str(uuid.uuid4())
+    )
+    open_page(browser, f"{dev.url}/")
+    assert "gone" in browser.find_element(By.ID, "status").text
+    assert browser.find_element(By.ID, "sid").text == "new session"
+
+    # The model fails mid-answer: an error event.
+    dev_model.script({"content": "one two three four five six", "fail_after": 2})
+    send(browser, "tell me something")
+    errors = texts(browser, ".msg.error")
+    assert len(errors) == 1 and errors[0].startswith("model_upstream_error: "), errors
+    (partial,) = texts(browser, ".msg.assistant.failed .text")
+    assert partial and "one two three four five six".startswith(partial), partial
+
+    # The session goes on.
+    send(browser, "still there?")
+    assert texts(browser, ".msg.assistant .text")[-1] == "echo: still there?"
+
+    # An HTTP error before any stream (a bad token): an error line too.
+    browser.execute_script("document.getElementById('token').value = 'not-a-token'")
+    send(browser, "who am I?")
+    errors = texts(browser, ".msg.error")
+    assert len(errors) == 2 and errors[1].startswith("unauthorized: "), errors
+    assert texts(browser, ".msg.assistant .text")[-1] == "echo: still there?"
