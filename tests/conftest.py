@@ -22,6 +22,7 @@ from memchat.db import Database
 from memchat.devdb import quiet_runtime_dir
 from memchat.migrate import migrate
 from memchat.model.client import ModelClient
+from tests.utils.analytics_data import Fresh, fresh_database
 from tests.utils.api import ApiClient
 from tests.utils.dev_server import DevServer, dev_server
 from tests.utils.fake_openai import FakeOpenAI
@@ -227,3 +228,11 @@ def dev(_dev: DevServer, dev_model: FakeOpenAI) -> DevServer:
     """`memchat dev` as a developer runs it (a subprocess, one per test
     module) against the test database, its model `dev_model`."""
     return _dev
+
+
+@pytest.fixture(scope="module")
+def fresh(admin: psycopg.Connection, admin_url: str, role_password: str | None) -> Iterator[Fresh]:
+    """A database of the module's own on the test server, migrated (for
+    tests that need to see every row: the operator's analytics)."""
+    with fresh_database(admin, admin_url, role_password) as database:
+        yield database

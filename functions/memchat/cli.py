@@ -503,6 +503,28 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ stats
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """The operator's analytics (memchat_analytics, docs/analytics.md), read
+    as memchat_analyst through DATABASE_URL's login."""
+    from memchat import analytics
+
+    if not 1 <= args.days <= analytics.MAX_DAYS:
+        _err(f"--days must be from 1 to {analytics.MAX_DAYS}")
+        return 2
+    try:
+        report = analytics.read_report(_database_url(), days=args.days, agent=args.agent)
+    except analytics.AnalyticsError as exc:
+        _err(str(exc))
+        return 1
+    if report.note:
+        _err(f"note: {report.note}")
+    print(json.dumps(report.as_dict(), indent=2) if args.json else analytics.render(report))
+    return 0
+
+
 # ------------------------------------------------------------------- main
 
 
@@ -553,6 +575,14 @@ def build_parser() -> argparse.ArgumentParser:
     summ = sub.add_parser("summarize", help="refresh the rolling summaries that are due now")
     summ.add_argument("--max-seconds", type=float, default=None, help="stop after about N s")
     summ.set_defaults(func=cmd_summarize)
+
+    stats = sub.add_parser("stats", help="usage, feedback and memory analytics across all users")
+    stats.add_argument(
+        "--days", type=int, default=7, help="the last N days, UTC, today included (default 7)"
+    )
+    stats.add_argument("--agent", default=None, help="only this agent, where a view has agents")
+    stats.add_argument("--json", action="store_true", help="one JSON object instead of tables")
+    stats.set_defaults(func=cmd_stats)
     return parser
 
 

@@ -49,6 +49,11 @@ class SessionNotFound(NotFound):
     detail = "No such session for this user."
 
 
+class MessageNotFound(NotFound):
+    code = "message_not_found"
+    detail = "No such answer for this user."
+
+
 class Conflict(MemchatError):
     status, code = 409, "conflict"
     detail = "The resource changed meanwhile; read it again and retry."

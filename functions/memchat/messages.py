@@ -57,9 +57,30 @@ def ai(
         invalid_tool_calls=[],
         usage_metadata=usage_metadata,
     )
+    metadata: dict[str, Any] = {}
     if model:
-        message["data"]["response_metadata"] = {"model_name": model}
+        metadata["model_name"] = model
+    if usage_metadata is not None:
+        # Where LangChain's ChatOpenAI keeps the provider's own counts.
+        metadata["token_usage"] = {
+            "prompt_tokens": usage_metadata["input_tokens"],
+            "completion_tokens": usage_metadata["output_tokens"],
+            "total_tokens": usage_metadata["total_tokens"],
+        }
+    if metadata:
+        message["data"]["response_metadata"] = metadata
     return message
+
+
+def annotate_answer(
+    message: dict[str, Any], *, latency_ms: float, recalled: int, summary_used: bool
+) -> None:
+    """Add to a turn's final answer what the operator's analytics read
+    (memchat_analytics.turns): how long the model took for the whole turn
+    (tool rounds included), and what memory the prompt carried."""
+    metadata = message["data"].setdefault("response_metadata", {})
+    metadata["latency_ms"] = round(latency_ms, 1)
+    metadata["memchat"] = {"recalled": recalled, "summary_used": summary_used}
 
 
 def tool(content: str, *, tool_call_id: str, name: str) -> dict[str, Any]:

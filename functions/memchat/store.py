@@ -63,6 +63,14 @@ class SessionInfo:
     summary: str | None = None
     summary_covers_until: int | None = None
     summary_updated_at: datetime | None = None
+    # Turns answered, and the tokens the model billed for them (kept when the
+    # session is cleared; they restart when it expires).
+    turn_count: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    # From record_turn only: the ids of the messages the turn stored, in
+    # order (the user's first, the final answer last).
+    message_ids: tuple[int, ...] = field(default=(), compare=False)
 
     @classmethod
     def from_json(cls, row: Mapping[str, Any]) -> SessionInfo:
@@ -79,6 +87,10 @@ class SessionInfo:
             summary=row.get("summary"),
             summary_covers_until=row.get("summary_covers_until"),
             summary_updated_at=datetime.fromisoformat(updated) if updated else None,
+            turn_count=row.get("turn_count") or 0,
+            prompt_tokens=row.get("prompt_tokens") or 0,
+            completion_tokens=row.get("completion_tokens") or 0,
+            message_ids=tuple(row.get("message_ids") or ()),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -112,6 +124,8 @@ class Replay:
     """The stored answer of an earlier turn with the same client_message_id."""
 
     message: dict[str, Any]
+    message_id: int  # the stored answer's id
+    user_message_id: int  # the stored user message's id
 
 
 @dataclass(frozen=True)
@@ -266,7 +280,13 @@ async def load_context(
     info = SessionInfo.from_json(session) if session else None
     replay = result["replay"]
     if replay:
-        return Context(info, False, None, [], Replay(replay))
+        return Context(
+            info,
+            False,
+            None,
+            [],
+            Replay(replay["message"], replay["message_id"], replay["user_message_id"]),
+        )
     resolved_agent = info.agent_name if info else agent_name
     limits = result["limits"]
     summary = result.get("summary")
@@ -659,7 +679,7 @@ async def active_session(db: Database, caller: Caller, agent_name: str) -> Sessi
 # --------------------------------------------------------------- export
 
 # One message as export JSON, built by the database so export streams text.
-_MESSAGE_EXPORT_JSON = """jsonb_build_object(
+_MESSAGE_EXPORT_JSON = """(jsonb_build_object(
     'id', h.id,
     'role', case h.message->>'type' when 'human' then 'user' when 'ai' then 'assistant'
                  else h.message->>'type' end,
@@ -671,7 +691,11 @@ _MESSAGE_EXPORT_JSON = """jsonb_build_object(
         'name', h.message->'data'->'name',
         'usage', h.message->'data'->'usage_metadata',
         'model', h.message->'data'->'response_metadata'->'model_name',
-        'client_message_id', h.client_message_id)))::text"""
+        'client_message_id', h.client_message_id)))
+    || case when f.message_id is null then '{}'::jsonb else jsonb_build_object(
+        'feedback', jsonb_build_object(
+            'rating', f.rating, 'comment', f.comment,
+            'created_at', f.created_at, 'updated_at', f.updated_at)) end)::text"""
 
 EXPORT_BATCH = 2000
 
@@ -681,6 +705,7 @@ _EXPORT_SESSION = sql.SQL("select {session} from public.chat_sessions s where s.
 
 _EXPORT_MESSAGES = sql.SQL(
     "select h.id, {message} from public.chat_message_history h"
+    " left join memchat.message_feedback f on f.message_id = h.id"
     " where h.session_id = %s and h.id > %s order by h.id limit %s"
 ).format(message=sql.SQL(_MESSAGE_EXPORT_JSON))
 
@@ -1012,3 +1037,112 @@ def count_expired(conn: psycopg.Connection[Any]) -> tuple[int, int]:
     row = conn.execute(_COUNT_EXPIRED).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
+
+
+# ------------------------------------------------------- feedback, stats
+
+# The caller's own final answers only: RLS hides other users' messages, and
+# a user message, a tool result or a tool-calling round is not an answer.
+_ANSWER = """h.message->>'type' = 'ai'
+   and coalesce(jsonb_array_length(h.message->'data'->'tool_calls'), 0) = 0"""
+
+_FEEDBACK_JSON = """jsonb_build_object(
+    'message_id', f.message_id, 'session_id', f.session_id, 'agent_name', f.agent_name,
+    'rating', f.rating, 'comment', f.comment,
+    'created_at', f.created_at, 'updated_at', f.updated_at)"""
+
+_SET_FEEDBACK = sql.SQL(
+    "insert into memchat.message_feedback as f"
+    "   (message_id, user_id, session_id, agent_name, rating, comment)"
+    " select h.id, h.user_id, h.session_id, s.agent_name, %(rating)s, %(comment)s"
+    "   from public.chat_message_history h"
+    "   join public.chat_sessions s on s.id = h.session_id"
+    "  where h.id = %(message_id)s and {answer}"
+    " on conflict (message_id) do update"
+    "    set rating = excluded.rating, comment = excluded.comment, updated_at = now()"
+    " returning {feedback}"
+).format(answer=sql.SQL(_ANSWER), feedback=sql.SQL(_FEEDBACK_JSON))
+
+_DELETE_FEEDBACK = sql.SQL(
+    "with gone as (delete from memchat.message_feedback f"
+    "               where f.message_id = %(message_id)s returning 1)"
+    " select exists (select 1 from public.chat_message_history h"
+    "                 where h.id = %(message_id)s and {answer}),"
+    "        exists (select 1 from gone)"
+).format(answer=sql.SQL(_ANSWER))
+
+
+@dataclass(frozen=True)
+class Feedback:
+    message_id: int
+    session_id: uuid.UUID
+    agent_name: str
+    rating: int
+    comment: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> Feedback:
+        return cls(
+            message_id=int(row["message_id"]),
+            session_id=uuid.UUID(row["session_id"]),
+            agent_name=row["agent_name"],
+            rating=int(row["rating"]),
+            comment=row["comment"],
+            created_at=datetime.fromisoformat(row["created_at"]),
+            updated_at=datetime.fromisoformat(row["updated_at"]),
+        )
+
+
+async def set_feedback(
+    db: Database, caller: Caller, message_id: int, rating: int, comment: str | None
+) -> Feedback | None:
+    """Rate one of the caller's answers (replacing an earlier rating); None
+    when `message_id` is not one of the caller's final answers."""
+    params = {"message_id": message_id, "rating": rating, "comment": comment}
+    try:
+        async with db.pipeline(caller.claims) as conn:
+            cur = conn.cursor()
+            await cur.execute(_SET_FEEDBACK, params)
+    except pg_errors.ForeignKeyViolation:
+        return None  # the answer was deleted (cleared) meanwhile
+    except psycopg.Error as exc:
+        raise _translate(exc) from exc
+    row = await cur.fetchone()
+    return Feedback.from_json(row[0]) if row else None
+
+
+async def delete_feedback(db: Database, caller: Caller, message_id: int) -> bool | None:
+    """Remove the caller's rating of an answer: whether there was one, or None
+    when `message_id` is not one of the caller's final answers."""
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(_DELETE_FEEDBACK, {"message_id": message_id})
+    row = await cur.fetchone()
+    assert row is not None
+    is_answer, deleted = row
+    return bool(deleted) if is_answer else None
+
+
+async def chat_stats(db: Database, caller: Caller, agent_name: str | None) -> dict[str, Any]:
+    """The caller's stats (memchat.chat_stats): one statement over their
+    sessions' counters and their feedback, never their messages."""
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute("select memchat.chat_stats(%s)", (agent_name,))
+    row = await cur.fetchone()
+    assert row is not None
+    stats: dict[str, Any] = row[0]
+    return stats
+
+
+async def session_stats(
+    db: Database, caller: Caller, session_id: uuid.UUID
+) -> dict[str, Any] | None:
+    """One of the caller's sessions' stats; None if it is not theirs."""
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute("select memchat.session_stats(%s)", (session_id,))
+    row = await cur.fetchone()
+    return row[0] if row and row[0] is not None else None

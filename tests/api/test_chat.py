@@ -640,6 +640,8 @@ async def test_response_shape_is_the_contracts(api: ApiClient, model: FakeOpenAI
         "usage",
         "memory",
         "session",
+        "message_id",
+        "user_message_id",
     }
     assert body["answer"] == "echo: hello"
     assert body["agent_name"] == "default"

@@ -272,5 +272,5 @@ async def test_a_lone_surrogate_in_the_model_name_is_replaced(
     body = await chat(api, auth, "hi")
     assert body["model"] == f"fake{FFFD}-model"
     stored = stored_messages(admin, uuid.UUID(body["session_id"]))
-    assert stored[-1]["data"]["response_metadata"] == {"model_name": f"fake{FFFD}-model"}
+    assert stored[-1]["data"]["response_metadata"]["model_name"] == f"fake{FFFD}-model"
     assert FFFD in _stored_text(admin, body["session_id"])

@@ -4,7 +4,8 @@
 `memchat dev` runs as a subprocess against the test database; its model is
 the fake OpenAI server, pacing its answers 0.15 s a word, so the page's
 assistant bubble can be seen growing. A MutationObserver installed in the
-page records every length the bubble's text takes.
+page records every length the bubble's text takes. Each stored answer has
+thumbs (feedback), and the stats panel shows the agent's counts.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from tests.utils.fake_openai import FakeOpenAI, tool_call
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 WAIT = 30  # seconds, for anything the page does
+
+RATED_ANSWER = "Oolong can be steeped several times, a little longer each time."
+OTHER_ANSWER = "Yes: a quick rinse wakes the leaves."
 
 FIRST_ANSWER = "Green tea is best brewed below boiling, for two or three minutes at most."
 SECOND_ANSWER = "Noted: you like green tea, and I will keep that in mind from now on."
@@ -176,6 +180,84 @@ def stored_messages(admin: psycopg.Connection, session: str) -> int:
     return int(row[0])
 
 
+# Each answer bubble's thumbs: its message id, data-rating, the active thumbs,
+# and whether a rating is on its way.
+THUMBS = """
+return [...document.querySelectorAll("#log .msg.assistant")].map((b) => ({
+  id: b.dataset.messageId || null,
+  rating: b.dataset.rating ?? null,
+  up: !!b.querySelector(".feedback .thumb-up.active"),
+  down: !!b.querySelector(".feedback .thumb-down.active"),
+  pending: !!b.dataset.pending,
+  note: (b.querySelector(".feedback-note") || {}).textContent || "",
+}));
+"""
+
+# The stats panel: every [data-stat] value as shown, and #stats' data-state.
+STATS = """
+const box = document.getElementById("stats");
+const shown = { state: box.dataset.state, agent: box.dataset.agent || "" };
+for (const el of box.querySelectorAll("[data-stat]")) shown[el.dataset.stat] = el.textContent;
+return shown;
+"""
+
+
+def thumbs(driver: WebDriver) -> list[dict[str, Any]]:
+    return list(driver.execute_script(THUMBS))
+
+
+def ratings(driver: WebDriver) -> list[str] | None:
+    """Each answer's thumbs as shown: "up", "down" or "" (none active); None
+    while a rating is being sent."""
+    shown = thumbs(driver)
+    if any(t["pending"] for t in shown):
+        return None
+    for t in shown:
+        assert not (t["up"] and t["down"]), shown
+        assert t["rating"] == ("1" if t["up"] else "-1" if t["down"] else t["rating"]), shown
+        assert t["rating"] in ("1", "-1", "0", ""), shown
+    return ["up" if t["up"] else "down" if t["down"] else "" for t in shown]
+
+
+def click_thumb(driver: WebDriver, answer: int, which: str) -> None:
+    bubble = driver.find_elements(By.CSS_SELECTOR, "#log .msg.assistant")[answer]
+    bubble.find_element(By.CSS_SELECTOR, f".feedback .thumb-{which}").click()
+
+
+def wait_ratings(driver: WebDriver, expected: list[str]) -> None:
+    wait(driver, f"the thumbs {expected}", lambda d: ratings(d) == expected)
+
+
+def wait_stats(driver: WebDriver, **expected: int) -> dict[str, str]:
+    """Waits for the stats panel to show `expected` (turns=2, sessions_active=1, ...)."""
+    want = {key.replace("_", "-"): str(value) for key, value in expected.items()}
+
+    def shown(d: WebDriver) -> dict[str, str] | None:
+        stats = d.execute_script(STATS)
+        ok = stats["state"] == "ok" and all(stats.get(k) == v for k, v in want.items())
+        return stats if ok else None
+
+    return dict(wait(driver, f"the stats panel to show {want}", shown))
+
+
+def stored_ratings(url: str, bearer: dict[str, str], session: str) -> dict[int, int]:
+    """The session's ratings as the API exports them: {answer id: rating}."""
+    r = httpx.get(f"{url}/chat/export/{session}", headers=bearer, timeout=10)
+    assert r.status_code == 200, r.text
+    return {m["id"]: m["feedback"]["rating"] for m in r.json()["messages"] if m.get("feedback")}
+
+
+def feedback_rows(admin: psycopg.Connection, session: str) -> list[tuple[int, int, str | None]]:
+    return [
+        (int(message_id), int(rating), comment)
+        for message_id, rating, comment in admin.execute(
+            "select message_id, rating, comment from memchat.message_feedback"
+            " where session_id = %s order by message_id",
+            (uuid.UUID(session),),
+        ).fetchall()
+    ]
+
+
 def downloaded(folder: Path) -> Path:
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
@@ -294,3 +376,96 @@ def test_the_page_shows_failures_as_error_lines(
     errors = texts(browser, ".msg.error")
     assert len(errors) == 2 and errors[1].startswith("unauthorized: "), errors
     assert texts(browser, ".msg.assistant .text")[-1] == "echo: still there?"
+
+
+def test_answers_get_thumbs_that_are_stored_restored_and_counted_in_the_stats(
+    browser: WebDriver, dev: DevServer, dev_model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    token = dev.token()  # a fresh user: every count starts at 0
+    bearer = {"Authorization": f"Bearer {token}"}
+    dev_model.script({"content": RATED_ANSWER}, {"content": OTHER_ANSWER})
+    open_page(browser, f"{dev.url}/#token={token}")
+    browser.find_element(By.CSS_SELECTOR, "#stats-box summary").click()
+    wait_stats(browser, turns=0, messages=0, sessions=0, positive=0, negative=0)
+
+    # The panel follows each turn.
+    send(browser, "How is oolong brewed?")
+    wait_stats(browser, turns=1, messages=2, sessions=1)
+    send(browser, "Should I rinse the leaves?")
+    shown = wait_stats(browser, turns=2, messages=4, sessions=1, sessions_active=1, positive=0)
+    assert int(shown["prompt-tokens"]) > 0 and int(shown["completion-tokens"]) > 0, shown
+    assert shown["agent"] == "default"
+    assert texts(browser, ".msg.assistant .text") == [RATED_ANSWER, OTHER_ANSWER]
+    session = session_id(browser)
+
+    # Each stored answer has thumbs, none active, carrying the answer's id.
+    exported = httpx.get(f"{dev.url}/chat/export/{session}", headers=bearer, timeout=10).json()
+    first, second = (m["id"] for m in exported["messages"] if m["role"] == "assistant")
+    assert [t["id"] for t in thumbs(browser)] == [str(first), str(second)]
+    assert ratings(browser) == ["", ""]
+
+    # Up, then down (a switch replaces the rating), then the other answer up.
+    click_thumb(browser, 0, "up")
+    wait_ratings(browser, ["up", ""])
+    wait_stats(browser, positive=1, negative=0, turns=2)
+    assert stored_ratings(dev.url, bearer, session) == {first: 1}
+    click_thumb(browser, 0, "down")
+    wait_ratings(browser, ["down", ""])
+    wait_stats(browser, positive=0, negative=1)
+    assert stored_ratings(dev.url, bearer, session) == {first: -1}
+    assert feedback_rows(admin, session) == [(first, -1, None)]
+    click_thumb(browser, 1, "up")
+    wait_ratings(browser, ["down", "up"])
+    wait_stats(browser, positive=1, negative=1, neutral=0, with_comment=0)
+    assert stored_ratings(dev.url, bearer, session) == {first: -1, second: 1}
+    assert "(default): 2 turns · 1 good, 1 bad" in browser.find_element(By.ID, "stats-line").text
+
+    # A reload shows the stored ratings, and the same counts.
+    open_page(browser, f"{dev.url}/")
+    assert ratings(browser) == ["down", "up"]
+    assert [t["rating"] for t in thumbs(browser)] == ["-1", "1"]
+    wait_stats(browser, turns=2, messages=4, positive=1, negative=1)
+
+    # Clicking the active thumb takes the rating back.
+    click_thumb(browser, 0, "down")
+    wait_ratings(browser, ["", "up"])
+    wait_stats(browser, positive=1, negative=0)
+    assert stored_ratings(dev.url, bearer, session) == {second: 1}
+    assert feedback_rows(admin, session) == [(second, 1, None)]
+    click_thumb(browser, 1, "up")
+    wait_ratings(browser, ["", ""])
+    wait_stats(browser, positive=0, negative=0)
+    assert stored_ratings(dev.url, bearer, session) == {}
+    assert feedback_rows(admin, session) == []
+
+    # A rating given elsewhere (the API, with a comment) shows after Refresh,
+    # and after a reload; a thumb keeps the comment.
+    r = httpx.post(
+        f"{dev.url}/chat/feedback",
+        json={"message_id": first, "rating": 0, "comment": "fine"},
+        headers=bearer,
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+    browser.find_element(By.CSS_SELECTOR, "#stats-box summary").click()
+    browser.find_element(By.ID, "refresh-stats").click()
+    wait_stats(browser, neutral=1, with_comment=1, positive=0, negative=0)
+    open_page(browser, f"{dev.url}/")
+    assert ratings(browser) == ["", ""]
+    assert [t["rating"] for t in thumbs(browser)] == ["0", ""]
+    assert "fine" in thumbs(browser)[0]["note"]
+    click_thumb(browser, 0, "up")
+    wait_ratings(browser, ["up", ""])
+    wait_stats(browser, positive=1, neutral=0, with_comment=1)
+    assert feedback_rows(admin, session) == [(first, 1, "fine")]
+
+    # A rating that fails (a bad token) is an error line; the thumbs stay.
+    browser.execute_script("document.getElementById('token').value = 'not-a-token'")
+    click_thumb(browser, 1, "down")
+    wait(browser, "the error line", lambda d: texts(d, ".msg.error"))
+    errors = texts(browser, ".msg.error")
+    assert len(errors) == 1 and errors[0].startswith("feedback failed: unauthorized: "), errors
+    wait_ratings(browser, ["up", ""])
+    wait(browser, "the stats to fail", lambda d: d.execute_script(STATS)["state"] == "error")
+    assert "cannot load the stats: unauthorized" in browser.find_element(By.ID, "status").text
+    assert feedback_rows(admin, session) == [(first, 1, "fine")]

@@ -160,8 +160,11 @@ async def test_retry_with_the_same_client_message_id_replays_the_final_answer(db
     other_id = await load(db, alice, info.id, client_message_id="cm-2", message="new")
     no_id = await load(db, alice, info.id)
 
-    assert by_id.replay == store.Replay(sent[-1])
-    assert by_pointer.replay == store.Replay(sent[-1])
+    # The ids are those the turn stored: its user message and final answer.
+    replay = store.Replay(sent[-1], info.message_ids[-1], info.message_ids[0])
+    assert len(info.message_ids) == len(sent)
+    assert by_id.replay == replay
+    assert by_pointer.replay == replay
     assert other_id.replay is None
     assert no_id.replay is None
 

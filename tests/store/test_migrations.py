@@ -8,15 +8,13 @@ behind every policy.
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from memchat.migrate import discover, migrate
+from tests.utils.analytics_data import empty_database
 from tests.utils.store_data import USER_TABLES
 
 TABLES = list(USER_TABLES)
@@ -26,12 +24,8 @@ PRIVILEGES = ["select", "insert", "update", "delete", "truncate", "references", 
 @pytest.fixture
 def fresh_database(admin: psycopg.Connection, admin_url: str) -> Iterator[str]:
     """A new, empty database on the same server, dropped afterwards."""
-    name = f"memchat_fresh_{uuid.uuid4().hex[:12]}"
-    admin.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
-    try:
-        yield make_conninfo(admin_url, dbname=name)
-    finally:
-        admin.execute(sql.SQL("drop database {} with (force)").format(sql.Identifier(name)))
+    with empty_database(admin, admin_url, "memchat_fresh") as url:
+        yield url
 
 
 def test_migrations_apply_twice_on_a_fresh_database(fresh_database: str) -> None:
@@ -78,7 +72,7 @@ def test_anon_has_no_privileges(admin: psycopg.Connection, table: str) -> None:
 
 # Who each policy is for: the Data API (`authenticated`, whose member
 # `memchat_user` reads as it does), the API's writes (`memchat_user`), the
-# TTL cleanup (`memchat_cleanup`).
+# TTL cleanup (`memchat_cleanup`), the operator's analytics (`memchat_analyst`).
 POLICY_ROLES = {
     "chat_sessions": {
         ("SELECT", "authenticated"),
@@ -88,6 +82,7 @@ POLICY_ROLES = {
         ("SELECT", "memchat_cleanup"),
         ("UPDATE", "memchat_cleanup"),
         ("DELETE", "memchat_cleanup"),
+        ("SELECT", "memchat_analyst"),
     },
     "user_agent_active_sessions": {
         ("SELECT", "authenticated"),
@@ -101,6 +96,7 @@ POLICY_ROLES = {
         ("INSERT", "memchat_user"),
         ("DELETE", "memchat_user"),
         ("SELECT", "memchat_cleanup"),
+        ("SELECT", "memchat_analyst"),
     },
     "agent_long_term_memory": {
         ("SELECT", "authenticated"),
@@ -127,6 +123,10 @@ def test_policies_name_their_roles_and_use_wrapped_auth_uid(
         assert len(roles) == 1, name
         expressions = [e for e in (qual, with_check) if e is not None]
         assert expressions, name
+        if roles == ["memchat_analyst"]:
+            # The operator reads every user's rows (the analytics views), writes none.
+            assert (qual, with_check) == ("true", None), name
+            continue
         if roles == ["memchat_cleanup"]:
             # The cleanup acts for no user: it sees expired sessions only.
             assert all("auth.uid()" not in e for e in expressions), name

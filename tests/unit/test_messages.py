@@ -43,7 +43,11 @@ def test_ai_with_tool_calls_usage_and_model() -> None:
     ]
     assert data["invalid_tool_calls"] == []
     assert data["usage_metadata"] == {"input_tokens": 3, "output_tokens": 4, "total_tokens": 7}
-    assert data["response_metadata"] == {"model_name": "gpt-x"}
+    # Where LangChain's ChatOpenAI keeps them: the provider's counts.
+    assert data["response_metadata"] == {
+        "model_name": "gpt-x",
+        "token_usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
+    }
 
 
 def test_plain_ai_has_no_usage_or_model() -> None:

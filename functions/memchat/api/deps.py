@@ -46,6 +46,10 @@ AgentQuery = Annotated[
     str,
     Query(pattern=AGENT_NAME_PATTERN, description="Agent name; default 'default'."),
 ]
+AnyAgentQuery = Annotated[
+    str | None, Query(pattern=AGENT_NAME_PATTERN, description="Only this agent's.")
+]
+"""An optional agent filter: every agent when it is not given."""
 
 
 def single_valued_query(request: Request) -> None:

@@ -14,7 +14,7 @@ from starlette.requests import ClientDisconnect
 
 from memchat import __version__
 from memchat.api import deps, errors
-from memchat.api.routes import account, chat, clear, export, health, memory, sessions
+from memchat.api.routes import account, chat, clear, export, feedback, health, memory, sessions
 from memchat.api.state import AppState
 from memchat.config import Settings, get_settings
 
@@ -179,6 +179,7 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
         app.include_router(export.router)
     if settings.serves("sessions"):
         app.include_router(sessions.router)
+        app.include_router(feedback.router)
         app.include_router(memory.router)
         app.include_router(account.router)
     return app

@@ -78,6 +78,9 @@ class ChatResult:
     session: store.SessionInfo | None
     replayed: bool = False
     timings: dict[str, float] = field(default_factory=dict)
+    # The stored answer's and user message's ids (None when nothing is stored).
+    message_id: int | None = None
+    user_message_id: int | None = None
 
 
 @dataclass
@@ -233,6 +236,12 @@ class ChatService:
             deadline, self._converse(prompt, notes, notes_limit, listener)
         )
         model_ms = (time.perf_counter() - model_started) * 1000
+        messages.annotate_answer(
+            outcome.messages[-1],
+            latency_ms=model_ms,
+            recalled=len(memory.hits),
+            summary_used=summary_covers_until is not None,
+        )
 
         turn = store.Turn(
             session_id=session_id,
@@ -282,6 +291,8 @@ class ChatService:
             memory=used(notes_updated=bool(outcome.edits)),
             session=session,
             timings=timings,
+            user_message_id=session.message_ids[0],
+            message_id=session.message_ids[-1],
         )
 
     def _ttl(self, limits: store.Limits) -> timedelta:
@@ -591,4 +602,6 @@ def _replayed(context: store.Context, retrieval_ms: float) -> ChatResult:
         memory=_memory(enabled=True, retrieval_ms=retrieval_ms),
         session=context.session,
         replayed=True,
+        message_id=context.replay.message_id,
+        user_message_id=context.replay.user_message_id,
     )

@@ -128,4 +128,6 @@ def chat_response(result: ChatResult) -> ChatResponse:
         usage=Usage(**result.usage),
         memory=MemoryInfo(**result.memory),
         session=session,
+        message_id=result.message_id,
+        user_message_id=result.user_message_id,
     )

@@ -12,9 +12,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from memchat import store
-from memchat.api.deps import AgentQuery, CurrentUser, State
+from memchat.api.deps import AgentQuery, AnyAgentQuery, CurrentUser, State
 from memchat.api.schemas import SessionOut, SessionPage, error_responses
-from memchat.config import AGENT_NAME_PATTERN
 from memchat.errors import BadRequest, SessionNotFound
 
 router = APIRouter(tags=["sessions"])
@@ -26,9 +25,7 @@ BAD_CURSOR = "cursor is not valid; pass next_cursor from the previous page as it
 async def list_sessions(
     caller: CurrentUser,
     state: State,
-    agent_name: Annotated[
-        str | None, Query(pattern=AGENT_NAME_PATTERN, description="Only this agent's.")
-    ] = None,
+    agent_name: AnyAgentQuery = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> SessionPage:

@@ -1,0 +1,372 @@
+"""The operator's analytics (`memchat stats`): the `memchat_analytics` views.
+
+Every number comes from the views of migration *_feedback_stats.sql;
+docs/analytics.md says what each view and column means. The views run with
+the reader's rights (`security_invoker`), so they are read in one read-only
+transaction that first switches to `memchat_analyst` (`set local role`): what
+`memchat stats` shows is exactly what the operator role may see. A login that
+cannot switch to it (not a member) reads with its own rights instead, and the
+report says so. The views carry no message text, and nothing here logs.
+
+The day-by-day views are read for the last `days` days (UTC, today
+included), and those that have an `agent_name` for one agent when asked.
+`daily_active_users` and `daily_usage` have no agent column, and
+`session_lengths` has neither a day nor an agent column: the report says
+which sections are not filtered.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, LiteralString
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg import sql
+
+ANALYST_ROLE = "memchat_analyst"
+SCHEMA = "memchat_analytics"
+DEFAULT_DAYS = 7
+MAX_DAYS = 36500  # a hundred years: any longer window is a typo
+
+
+class AnalyticsError(Exception):
+    """The views cannot be read (missing, not allowed, no database): a
+    sentence for the operator, with no secret in it."""
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str  # the view's column, and the JSON key
+    header: str  # in the printed table
+    kind: str  # day | text | int | float | rate
+
+
+@dataclass(frozen=True)
+class Section:
+    view: str  # in memchat_analytics; also the report's (and the JSON's) key
+    title: str
+    columns: tuple[Column, ...]
+    order: tuple[str, ...]
+    by_day: bool  # has `day`: filtered to the last N days
+    by_agent: bool  # has `agent_name`: filtered to --agent
+    empty: str  # printed instead of an empty table ({window}, {agent})
+
+
+def _col(name: str, header: str, kind: str = "int") -> Column:
+    return Column(name, header, kind)
+
+
+DAY = _col("day", "day", "day")
+AGENT = _col("agent_name", "agent", "text")
+
+SECTIONS = (
+    Section(
+        view="daily_active_users",
+        title="Daily active users",
+        columns=(DAY, _col("users", "users"), _col("turns", "turns")),
+        order=("day",),
+        by_day=True,
+        by_agent=False,
+        empty="no turns in {window}",
+    ),
+    Section(
+        view="daily_usage",
+        title="Usage per day and model",
+        columns=(
+            DAY,
+            _col("model", "model", "text"),
+            _col("turns", "turns"),
+            _col("users", "users"),
+            _col("prompt_tokens", "prompt tokens"),
+            _col("completion_tokens", "completion tokens"),
+            _col("avg_latency_ms", "avg ms", "float"),
+            _col("p95_latency_ms", "p95 ms", "float"),
+        ),
+        order=("day", "model"),
+        by_day=True,
+        by_agent=False,
+        empty="no turns in {window}",
+    ),
+    Section(
+        view="daily_feedback",
+        title="Feedback per agent and day",
+        columns=(
+            DAY,
+            AGENT,
+            _col("ratings", "ratings"),
+            _col("positive", "+1"),
+            _col("negative", "-1"),
+            _col("neutral", "0"),
+            _col("with_comment", "comments"),
+            _col("positive_rate", "positive", "rate"),
+            _col("negative_rate", "negative", "rate"),
+        ),
+        order=("day", "agent_name"),
+        by_day=True,
+        by_agent=True,
+        empty="no ratings in {window}{agent}",
+    ),
+    Section(
+        view="session_lengths",
+        title="Session lengths",
+        columns=(
+            _col("bucket", "turns", "text"),
+            _col("sessions", "sessions"),
+            _col("avg_turns", "avg turns", "float"),
+            _col("avg_duration_seconds", "avg duration s", "float"),
+        ),
+        order=("lower_bound",),
+        by_day=False,
+        by_agent=False,
+        empty="no stored session has a turn",
+    ),
+    Section(
+        view="daily_memory_use",
+        title="Memory use per agent and day",
+        columns=(
+            DAY,
+            AGENT,
+            _col("turns", "turns"),
+            _col("turns_with_recall", "with recall"),
+            _col("exchanges_recalled", "recalled"),
+            _col("turns_with_summary", "with summary"),
+            _col("recall_rate", "recall rate", "rate"),
+            _col("summary_rate", "summary rate", "rate"),
+        ),
+        order=("day", "agent_name"),
+        by_day=True,
+        by_agent=True,
+        empty="no turns in {window}{agent}",
+    ),
+)
+VIEWS = tuple(s.view for s in SECTIONS)
+
+
+@dataclass(frozen=True)
+class Report:
+    days: int
+    agent: str | None
+    since: dt.date  # the first day read (UTC)
+    until: dt.date  # today (UTC)
+    login: str  # the role the connection logged in as
+    read_as: str  # the role the views were read as
+    rows: dict[str, list[dict[str, Any]]]  # per view, in SECTIONS order
+
+    @property
+    def as_analyst(self) -> bool:
+        return self.read_as == ANALYST_ROLE
+
+    @property
+    def note(self) -> str | None:
+        """Why the report was not read as memchat_analyst, if it was not."""
+        if self.as_analyst:
+            return None
+        return (
+            f"{self.login} cannot set role {ANALYST_ROLE}: read with {self.login}'s own rights"
+            f" (grant {ANALYST_ROLE} to {self.login} to read as the operator role)"
+        )
+
+    @property
+    def totals(self) -> dict[str, int]:
+        """Turns and tokens over the window (daily_usage: every agent)."""
+        usage = self.rows["daily_usage"]
+        return {
+            key: sum(int(r[key]) for r in usage)
+            for key in ("turns", "prompt_tokens", "completion_tokens")
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready values (days as ISO dates)."""
+        result: dict[str, Any] = {
+            "days": self.days,
+            "since": self.since.isoformat(),
+            "until": self.until.isoformat(),
+            "agent": self.agent,
+            "read_as": self.read_as,
+            "as_analyst": self.as_analyst,
+            "not_filtered_by_agent": [s.view for s in SECTIONS if not s.by_agent],
+            "not_filtered_by_days": [s.view for s in SECTIONS if not s.by_day],
+        }
+        for view, rows in self.rows.items():
+            result[view] = [
+                {k: v.isoformat() if isinstance(v, dt.date) else v for k, v in row.items()}
+                for row in rows
+            ]
+        result["totals"] = self.totals
+        return result
+
+
+# ------------------------------------------------------------------ read
+
+
+def read_report(conninfo: str, *, days: int = DEFAULT_DAYS, agent: str | None = None) -> Report:
+    """Connect, read every view (see `read`), disconnect."""
+    import psycopg
+
+    from memchat.db import connect_kwargs
+
+    try:
+        conn = psycopg.connect(conninfo, **connect_kwargs())
+    except psycopg.OperationalError as exc:
+        raise AnalyticsError(f"cannot connect to the database: {_first_line(exc)}") from exc
+    with conn:
+        return read(conn, days=days, agent=agent)
+
+
+def read(conn: psycopg.Connection[Any], *, days: int, agent: str | None) -> Report:
+    """Every view's rows for the last `days` days (UTC) and `agent` (None:
+    all), in one read-only transaction as memchat_analyst where the login may
+    become it. `conn` must be in autocommit mode (memchat.db.connect_kwargs)."""
+    import psycopg
+    from psycopg import errors
+
+    if not 1 <= days <= MAX_DAYS:
+        raise ValueError(f"days must be from 1 to {MAX_DAYS}")
+    login = "?"
+    try:
+        with conn.transaction():
+            conn.execute("set transaction read only")
+            (login,) = _row(conn, "select current_user")
+            _become_analyst(conn)
+            read_as, since, until = _row(
+                conn,
+                "select current_user, (now() at time zone 'UTC')::date - %s::integer,"
+                " (now() at time zone 'UTC')::date",
+                (days - 1,),
+            )
+            params = {"since": since, "agent": agent}
+            rows: dict[str, list[dict[str, Any]]] = {}
+            for section in SECTIONS:
+                cur = conn.execute(_query(section), params)
+                names = [d.name for d in cur.description or ()]
+                rows[section.view] = [dict(zip(names, row, strict=True)) for row in cur]
+    except (errors.UndefinedTable, errors.InvalidSchemaName) as exc:
+        raise AnalyticsError(
+            f"this database has no {SCHEMA} views: apply the migrations (memchat migrate)"
+        ) from exc
+    except errors.InsufficientPrivilege as exc:
+        raise AnalyticsError(
+            f"{login} may not read {SCHEMA} ({_first_line(exc)}): connect as the project"
+            f" owner, or grant {ANALYST_ROLE} to {login} (docs/analytics.md)"
+        ) from exc
+    except psycopg.OperationalError as exc:
+        raise AnalyticsError(f"the database connection failed: {_first_line(exc)}") from exc
+    return Report(days, agent, since, until, login, read_as, rows)
+
+
+def _become_analyst(conn: psycopg.Connection[Any]) -> None:
+    """`set local role memchat_analyst`, in a savepoint: if the login may
+    not (or the role is missing), the transaction goes on as the login."""
+    from psycopg import errors, sql
+
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL("set local role {}").format(sql.Identifier(ANALYST_ROLE)))
+    except (errors.InsufficientPrivilege, errors.InvalidParameterValue):
+        pass
+
+
+def _query(section: Section) -> sql.Composed:
+    """select <columns> from memchat_analytics.<view> [where ...] order by ..."""
+    from psycopg import sql
+
+    # Counts and sums as integers, averages and rates as floats (not numeric).
+    casts = {"int": sql.SQL("::bigint"), "float": sql.SQL("::float8"), "rate": sql.SQL("::float8")}
+    columns = sql.SQL(", ").join(
+        sql.SQL("{}{} as {}").format(
+            sql.Identifier("v", c.name), casts.get(c.kind, sql.SQL("")), sql.Identifier(c.name)
+        )
+        for c in section.columns
+    )
+    conditions = []
+    if section.by_day:
+        conditions.append(sql.SQL("v.day >= %(since)s"))
+    if section.by_agent:
+        conditions.append(sql.SQL("(%(agent)s::text is null or v.agent_name = %(agent)s::text)"))
+    where = sql.SQL(" where ") + sql.SQL(" and ").join(conditions) if conditions else sql.SQL("")
+    order = sql.SQL(", ").join(sql.Identifier("v", name) for name in section.order)
+    return sql.SQL("select {columns} from {view} v{where} order by {order}").format(
+        columns=columns, view=sql.Identifier(SCHEMA, section.view), where=where, order=order
+    )
+
+
+def _row(
+    conn: psycopg.Connection[Any], query: LiteralString, params: tuple[Any, ...] = ()
+) -> tuple[Any, ...]:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+# ---------------------------------------------------------------- render
+
+
+def render(report: Report) -> str:
+    """The report as aligned plain-text tables."""
+    window = _window(report.days)
+    agent = f" for agent {report.agent}" if report.agent else ""
+    lines = [
+        f"memchat stats: {window} ({report.since} to {report.until}, UTC),"
+        f" {'agent ' + report.agent if report.agent else 'all agents'}, read as {report.read_as}"
+    ]
+    for section in SECTIONS:
+        lines += ["", section.title + _scope(section, report)]
+        rows = report.rows[section.view]
+        if not rows:
+            lines.append(section.empty.format(window=window, agent=agent))
+            continue
+        lines += table(section.columns, rows)
+        if section.view == "daily_usage":
+            totals = report.totals
+            lines.append(
+                f"total: {totals['turns']} turns, {totals['prompt_tokens']} prompt and"
+                f" {totals['completion_tokens']} completion tokens"
+            )
+    return "\n".join(lines)
+
+
+def table(columns: tuple[Column, ...], rows: list[dict[str, Any]]) -> list[str]:
+    """Header, a rule and the rows; numbers right-aligned, text left-aligned."""
+    cells = [[_cell(c, row.get(c.name)) for c in columns] for row in rows]
+    widths = [max([len(c.header)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+
+    def line(values: list[str]) -> str:
+        parts = [
+            v.ljust(w) if c.kind in ("day", "text") else v.rjust(w)
+            for c, v, w in zip(columns, values, widths, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    return [
+        line([c.header for c in columns]),
+        line(["-" * w for w in widths]),
+        *(line(r) for r in cells),
+    ]
+
+
+def _cell(column: Column, value: Any) -> str:
+    if value is None:
+        return "-"
+    if column.kind == "rate":
+        return f"{float(value) * 100:.1f}%"
+    if column.kind == "float":
+        return f"{float(value):.1f}"
+    return str(value)
+
+
+def _window(days: int) -> str:
+    return "the last day" if days == 1 else f"the last {days} days"
+
+
+def _scope(section: Section, report: Report) -> str:
+    if not section.by_day:
+        return " (every stored session, all agents, not filtered by days)"
+    if report.agent and not section.by_agent:
+        return " (all agents)"
+    return ""
