@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Creates .venv (Python >= 3.11) and installs memchat with the given extras.
 # Sourced by infra/dev.sh and infra/test.sh; safe to run again (fast when up to date).
+#   source infra/venv.sh EXTRAS [--progress]   # --progress: pip says what it installs
 set -euo pipefail
 EXTRAS="${1:-dev}"
+PIP_OUTPUT=(--quiet)
+if [ "${2:-}" = "--progress" ]; then
+  PIP_OUTPUT=(--progress-bar on)
+fi
 PYTHON="${PYTHON:-python3}"
 
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
@@ -26,7 +31,10 @@ fi
 
 STAMP=".venv/.memchat-${EXTRAS}"
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+  if [ "${PIP_OUTPUT[0]}" != "--quiet" ]; then
+    echo "installing memchat[${EXTRAS}] and its dependencies into .venv" >&2
+  fi
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[${EXTRAS}]"
+  .venv/bin/python -m pip install "${PIP_OUTPUT[@]}" -e ".[${EXTRAS}]"
   touch "$STAMP"
 fi

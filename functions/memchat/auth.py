@@ -9,19 +9,26 @@ never from the token's own header.
 A token that fails is a 401 whose detail says what to do about it (never
 PyJWT's own message); a key set that cannot be fetched is a 503
 (`auth_unavailable`), not a 401, which would sign the user out.
+
+PyJWT is imported on first use, not with this module: it brings in
+`cryptography` (about 60 ms of a cold start), which a process that has not
+verified a token yet does not need. Under Lambda SnapStart the import is
+made before the snapshot (memchat.handlers.snapstart), and `reset()` drops
+the cached key set after a restore.
 """
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import TYPE_CHECKING, Any
-
-import jwt
 
 from memchat.errors import AuthUnavailable, Unauthorized
 from memchat.store import Caller
 
 if TYPE_CHECKING:
+    import jwt
+
     from memchat.config import Settings
 
 _REQUIRED_CLAIMS = ["exp", "sub", "aud", "role"]
@@ -30,57 +37,72 @@ _LEEWAY_SECONDS = 10
 _NOT_THIS_PROJECT = "The access token was not signed by this project; sign in again."
 _NOT_A_USER = "The access token's subject is not a user id; send a signed-in user's token."
 _WRONG_ALGORITHM = "The access token's signing algorithm is not accepted here; sign in again."
-# Why a token is refused, in words a person can act on, most specific first.
-_REFUSALS: tuple[tuple[type[Exception], str], ...] = (
-    (jwt.ExpiredSignatureError, "The access token has expired; sign in again."),
-    (
-        jwt.ImmatureSignatureError,
-        "The access token is not valid yet; check the device's clock and sign in again.",
-    ),
-    (jwt.InvalidSignatureError, _NOT_THIS_PROJECT),
-    (jwt.PyJWKClientError, _NOT_THIS_PROJECT),  # no key with the token's kid
-    (jwt.InvalidAlgorithmError, _WRONG_ALGORITHM),
-    (
-        jwt.InvalidAudienceError,
-        "The access token is not meant for this API (its audience must be 'authenticated');"
-        " send the signed-in user's access token.",
-    ),
-    (
-        jwt.InvalidIssuerError,
-        "The access token was issued by another Supabase project; sign in to this one.",
-    ),
-    (jwt.exceptions.InvalidSubjectError, _NOT_A_USER),
-    (
-        jwt.DecodeError,
-        "The access token is malformed; send it exactly as Supabase issued it.",
-    ),
-)
 _INVALID = "The access token is not valid; sign in again."
+
+
+@functools.cache
+def _refusals() -> tuple[tuple[type[Exception], str], ...]:
+    """Why a token is refused, in words a person can act on, most specific first."""
+    import jwt
+
+    return (
+        (jwt.ExpiredSignatureError, "The access token has expired; sign in again."),
+        (
+            jwt.ImmatureSignatureError,
+            "The access token is not valid yet; check the device's clock and sign in again.",
+        ),
+        (jwt.InvalidSignatureError, _NOT_THIS_PROJECT),
+        (jwt.PyJWKClientError, _NOT_THIS_PROJECT),  # no key with the token's kid
+        (jwt.InvalidAlgorithmError, _WRONG_ALGORITHM),
+        (
+            jwt.InvalidAudienceError,
+            "The access token is not meant for this API (its audience must be 'authenticated');"
+            " send the signed-in user's access token.",
+        ),
+        (
+            jwt.InvalidIssuerError,
+            "The access token was issued by another Supabase project; sign in to this one.",
+        ),
+        (jwt.exceptions.InvalidSubjectError, _NOT_A_USER),
+        (
+            jwt.DecodeError,
+            "The access token is malformed; send it exactly as Supabase issued it.",
+        ),
+    )
 
 
 class _KeySetUnavailable(Exception):
     """The project's key set could not be fetched, or what came is not a key set."""
 
 
-class _ProjectKeys(jwt.PyJWKClient):
-    """A PyJWKClient that tells a key set it could not get (an outage: 503)
-    apart from a set without the token's key (the token's fault: 401); PyJWT
-    raises PyJWKClientError for both."""
+@functools.cache
+def _project_keys() -> type[jwt.PyJWKClient]:
+    """The PyJWKClient subclass the verifier uses (defined once PyJWT is imported)."""
+    import jwt
 
-    def get_signing_keys(self, refresh: bool = False) -> list[jwt.PyJWK]:
-        try:
-            return super().get_signing_keys(refresh)
-        except (jwt.PyJWKClientError, jwt.PyJWKSetError, ValueError, OSError) as exc:
-            # ValueError: a body that is not JSON; OSError: a connection
-            # dropped while the body was read (PyJWT does not wrap either).
-            raise _KeySetUnavailable from exc
+    class ProjectKeys(jwt.PyJWKClient):
+        """A PyJWKClient that tells a key set it could not get (an outage: 503)
+        apart from a set without the token's key (the token's fault: 401); PyJWT
+        raises PyJWKClientError for both."""
+
+        def get_signing_keys(self, refresh: bool = False) -> list[jwt.PyJWK]:
+            try:
+                return super().get_signing_keys(refresh)
+            except (jwt.PyJWKClientError, jwt.PyJWKSetError, ValueError, OSError) as exc:
+                # ValueError: a body that is not JSON; OSError: a connection
+                # dropped while the body was read (PyJWT does not wrap either).
+                raise _KeySetUnavailable from exc
+
+    return ProjectKeys
 
 
 def _refusal(exc: jwt.PyJWTError) -> str:
+    import jwt
+
     if isinstance(exc, jwt.MissingRequiredClaimError):
         # exc.claim is one of our required names, not text from the token.
         return f"The access token has no '{exc.claim}' claim; send a Supabase access token."
-    return next((detail for kind, detail in _REFUSALS if isinstance(exc, kind)), _INVALID)
+    return next((detail for kind, detail in _refusals() if isinstance(exc, kind)), _INVALID)
 
 
 class TokenVerifier:
@@ -108,14 +130,24 @@ class TokenVerifier:
         self._jwks_lifespan = jwks_lifespan
         self._jwks_refetch_cooldown = jwks_refetch_cooldown
         self._jwks_timeout = jwks_timeout
-        self._jwks: _ProjectKeys | None = None
+        self._jwks: jwt.PyJWKClient | None = None
 
-    def _jwks_client(self) -> _ProjectKeys:
+    def reset(self) -> None:
+        """Forget the cached key set and its client (after a SnapStart restore).
+
+        The cache's lifespan and refetch cooldown are measured from times taken
+        before the snapshot, and every instance restored from it would share
+        them: the next token with a kid fetches the key set afresh. HS256
+        verification keeps nothing to reset.
+        """
+        self._jwks = None
+
+    def _jwks_client(self) -> jwt.PyJWKClient:
         if self._jwks is None:
             assert self._jwks_url is not None
             # Only the whole set is cached: a per-kid cache (cache_keys) would
             # keep trusting a revoked key for the life of a warm instance.
-            self._jwks = _ProjectKeys(
+            self._jwks = _project_keys()(
                 self._jwks_url,
                 cache_keys=False,
                 cache_jwk_set=True,
@@ -126,6 +158,8 @@ class TokenVerifier:
         return self._jwks
 
     def _key_and_algorithms(self, token: str) -> tuple[Any, list[str]]:
+        import jwt
+
         header = jwt.get_unverified_header(token)
         if header.get("alg") == "HS256" and self._secret:
             return self._secret, ["HS256"]
@@ -143,6 +177,8 @@ class TokenVerifier:
     def verify(self, token: str) -> Caller:
         """The caller behind a Supabase access token; raises Unauthorized, or
         AuthUnavailable when the project's signing keys cannot be fetched."""
+        import jwt
+
         try:
             key, algorithms = self._key_and_algorithms(token)
             claims: dict[str, Any] = jwt.decode(

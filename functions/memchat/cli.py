@@ -13,9 +13,11 @@ import logging
 import os
 import sys
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import socket
     from collections.abc import Iterable, Iterator
 
     from fastapi import FastAPI
@@ -31,16 +33,23 @@ def _err(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def _database_url() -> str:
+def _database_url(*, note_start: bool = True) -> str:
     """The owner's connection (migrations, local users): DATABASE_URL, else
-    the embedded server's (started on demand)."""
+    the embedded server's (started on demand; a command other than `memchat
+    dev` says so, since the server then keeps running after it)."""
     url = os.environ.get("DATABASE_URL")
     if url:
         return url
     from memchat import devdb
 
+    started = not devdb.status().running
     url = devdb.start()
     os.environ["DATABASE_URL"] = url
+    if started and note_start:
+        _err(
+            f"note: started the embedded PostgreSQL at {devdb.data_dir()}; it keeps running"
+            " (`memchat db stop` stops it)"
+        )
     return url
 
 
@@ -94,12 +103,100 @@ def _migrate(url: str) -> None:
 # ------------------------------------------------------------------ dev
 
 
+DEV_DESCRIPTION = """\
+Run the API locally on one URL: the chat page at /, docs at /docs.
+
+Database: DATABASE_URL if set; otherwise the embedded PostgreSQL under
+$MEMCHAT_HOME/pgdata (default .memchat/pgdata in the current directory).
+If that server is not running, memchat dev starts it, and stops it again when
+it stops itself (Ctrl-C or SIGTERM). If it was already running (another
+memchat dev, another memchat command, or one left by a crash), memchat dev
+uses it and leaves it running: `memchat db status` shows it, `memchat db
+stop` stops it.
+
+It prints the model it answers with (OPENAI_MODEL at OPENAI_BASE_URL, the key
+masked; the offline responder without OPENAI_API_KEY), and refuses to start
+(exit code 1) when --port is taken. Logs go to stderr, one line per request
+(method, route, status, duration, request id, user id); LOG_LEVEL=DEBUG adds
+an unexpected error's frames, never a request's content.
+"""
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised as Ctrl-C raises KeyboardInterrupt (no `except Exception` takes it)."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
+@dataclass
+class _DevRun:
+    """What `memchat dev` started, to stop when it stops."""
+
+    embedded: bool  # no DATABASE_URL: the embedded PostgreSQL
+    started_db: bool = False  # ... which this run started (else: left running)
+    worker: _SummaryWorker | None = None
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "INFO").upper())
-    logging.getLogger("pgserver").setLevel(logging.WARNING)
-    embedded = "DATABASE_URL" not in os.environ
-    url = _database_url()
-    _err(f"database: {'embedded PostgreSQL under .memchat/' if embedded else 'DATABASE_URL'}")
+    import signal
+
+    from memchat import logs
+
+    level = os.environ.get("LOG_LEVEL", "INFO").strip().upper()
+    if level not in LOG_LEVELS:
+        _err(f"LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
+        return 2
+    logs.configure_dev(level)
+    if level == "INFO":
+        # The worker's run record, every --summary-every seconds: JSON fields
+        # for CloudWatch, noise here (it says when it summarized something).
+        logging.getLogger("memchat.usecases.summarize").setLevel(logging.WARNING)
+    previous = signal.getsignal(signal.SIGINT), signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        # The port first: nothing is started, nor printed, for a server that cannot listen.
+        try:
+            sock = _listen(args.host, args.port)
+        except OSError as exc:
+            _err(
+                f"memchat dev: cannot listen on {args.host}:{args.port}:"
+                f" {exc.strerror or exc}. Is another memchat dev (or another server) using"
+                " it? Stop that, or pass another --port."
+            )
+            return 1
+        run = _DevRun(embedded="DATABASE_URL" not in os.environ)
+        code = 0
+        try:
+            code = _dev(args, sock, run)
+        except (KeyboardInterrupt, _Terminated):
+            _err("\nmemchat dev: stopping")
+        finally:
+            if not _stop_dev(sock, run):
+                code = 1
+        return code
+    finally:
+        signal.signal(signal.SIGINT, previous[0])
+        signal.signal(signal.SIGTERM, previous[1])
+
+
+def _dev(args: argparse.Namespace, sock: socket.socket, run: _DevRun) -> int:
+    from memchat import devdb
+
+    if run.embedded:
+        run.started_db = not devdb.status().running
+        url = _database_url(note_start=False)
+        how = (
+            "started now; stopped when memchat dev stops"
+            if run.started_db
+            else "already running; left running when memchat dev stops (memchat db stop)"
+        )
+        _err(f"database:   embedded PostgreSQL at {devdb.data_dir()} ({how})")
+    else:
+        url = _database_url()
+        _err("database:   DATABASE_URL")
     _migrate(url)
     os.environ.setdefault("SUPABASE_JWT_SECRET", _jwt_secret())
     overrides: dict[str, Any] = {"db_max_connections": 10, "database_url": _api_url(url)}
@@ -112,12 +209,10 @@ def cmd_dev(args: argparse.Namespace) -> int:
             f"\n  Set OPENAI_API_KEY (and OPENAI_BASE_URL for other providers) for a real model."
             f"\n{banner}\n"
         )
+    port = int(sock.getsockname()[1])  # --port 0: the one the system chose
+    base = f"http://{args.host}:{port}"
     if not os.environ.get("CORS_ALLOW_ORIGINS"):
-        overrides["cors_allow_origins"] = [
-            f"http://{args.host}:{args.port}",
-            "http://localhost:3000",
-            "http://localhost:5173",
-        ]
+        overrides["cors_allow_origins"] = [base, "http://localhost:3000", "http://localhost:5173"]
     from memchat.config import ConfigError, load_settings
 
     try:
@@ -137,14 +232,103 @@ def cmd_dev(args: argparse.Namespace) -> int:
         return 2
     _add_chat_page(app)
     if args.summary_every > 0:
-        _summaries_in_background(url, overrides, args.summary_every)
+        run.worker = _SummaryWorker(_worker_settings(url, overrides), args.summary_every)
     page_token = mint_local_token(None, DEFAULT_EMAIL, 3600 * 12)
-    base = f"http://{args.host}:{args.port}"
+    _err(model_line(settings))
     _err(f"API on {base}   docs: {base}/docs")
     _err(f"chat page:  {base}/#token={page_token}")
     _err("terminal:   memchat chat        a token for curl:   memchat token")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    _err("logs:       one line per request below; Ctrl-C stops")
+    # The app logs each request itself (memchat.logs); uvicorn's records go
+    # through the same handler (log_config=None), warnings and up.
+    config = uvicorn.Config(app, log_level="warning", access_log=False, log_config=None)
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, for uvicorn: bound before anything else
+    starts, so a taken port stops `memchat dev` at once (OSError)."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        # As uvicorn binds: a port left in TIME_WAIT by the last run is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _stop_dev(sock: socket.socket, run: _DevRun) -> bool:
+    """Stop what this run started (the worker, the embedded PostgreSQL);
+    False if the database would not stop."""
+    import signal
+
+    from memchat import devdb
+
+    # A second Ctrl-C or SIGTERM must not cut the database's stop short.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sock.close()
+    if run.worker is not None:
+        run.worker.stop()
+    if not run.embedded:
+        return True
+    if not run.started_db:
+        if devdb.status().running:
+            _err(
+                "memchat dev: the embedded PostgreSQL is left running, as it was before"
+                " (memchat db stop stops it)"
+            )
+        return True
+    try:
+        pid = devdb.stop()
+    except devdb.StopError as exc:
+        _err(f"memchat dev: {exc}")
+        return False
+    if pid is not None:
+        _err(f"memchat dev: stopped the embedded PostgreSQL it started (pid {pid})")
+    return True
+
+
+def model_line(settings: Settings) -> str:
+    """Which model answers, at which URL, with which key (masked)."""
+    if settings.offline_model:
+        return (
+            "model:      the offline responder (OPENAI_API_KEY is not set);"
+            " recall: a local stand-in embedder"
+        )
+    base = (
+        _shown_url(settings.openai_base_url)
+        if settings.openai_base_url
+        else "https://api.openai.com/v1 (OPENAI_BASE_URL unset)"
+    )
+    return (
+        f"model:      {settings.openai_model} at {base}, key"
+        f" {mask_key(settings.openai_api_key or '')}; embeddings:"
+        f" {settings.openai_embedding_model}"
+    )
+
+
+def mask_key(key: str) -> str:
+    """`sk-…abcd`: which key it is, never the key (the last four characters
+    only of a key long enough to keep the rest hidden)."""
+    prefix = "sk-" if key.startswith("sk-") else ""
+    return f"{prefix}…{key[-4:] if len(key) >= 16 else ''}"
+
+
+def _shown_url(url: str) -> str:
+    """`url` without a user, password, query or fragment (they can hold keys)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def _add_chat_page(app: FastAPI) -> None:
@@ -173,30 +357,85 @@ def _worker_settings(owner_url: str, overrides: dict[str, Any]) -> Settings:
     return load_settings(**values)
 
 
-def _summaries_in_background(owner_url: str, overrides: dict[str, Any], every: float) -> None:
-    """The summary worker, every `every` seconds, beside `memchat dev` (what the
-    deployed SummaryFunction does on its schedule)."""
-    import asyncio
-    import threading
+class _SummaryWorker:
+    """The summary worker, every `every` seconds, beside `memchat dev` (what
+    the deployed SummaryFunction does on its schedule), until `stop()`."""
 
-    from memchat.usecases.summarize import Summarizer
+    def __init__(self, settings: Settings, every: float) -> None:
+        import threading
 
-    settings = _worker_settings(owner_url, {"db_max_connections": 2, **overrides})
-    log = logging.getLogger("memchat.summaries")
+        self.settings = settings
+        self.every = every
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="summaries", daemon=True)
+        self.thread.start()
+        _err(f"summaries:  the worker runs every {every:g} s (--summary-every)")
 
-    async def keep_summarizing() -> None:
-        summarizer = Summarizer.for_settings(settings)
-        while True:
-            try:
-                run = await summarizer.run(max_seconds=60)
-                if run.summarized:
-                    log.info("summarized %d session(s)", run.summarized)
-            except Exception:
-                log.exception("the summary worker failed; retrying")
-            await asyncio.sleep(every)
+    def _run(self) -> None:
+        import asyncio
 
-    threading.Thread(target=asyncio.run, args=(keep_summarizing(),), daemon=True).start()
-    _err(f"summaries:  the worker runs every {every:g} s (--summary-every)")
+        asyncio.run(self._keep_summarizing())
+
+    async def _keep_summarizing(self) -> None:
+        import asyncio
+
+        from memchat import logs
+        from memchat.usecases.summarize import Summarizer
+
+        log = logging.getLogger("memchat.summaries")
+        summarizer = Summarizer.for_settings(self.settings)
+        try:
+            while not self.stopping.is_set():
+                try:
+                    run = await summarizer.run(max_seconds=60)
+                    if run.summarized:
+                        log.info("summarized %d session(s)", run.summarized)
+                except Exception as exc:
+                    if self.stopping.is_set():
+                        break
+                    log.error("the summary worker failed; retrying", extra=logs.error_fields(exc))
+                await asyncio.to_thread(self.stopping.wait, self.every)
+        finally:
+            await summarizer.close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=15)
+
+
+# --------------------------------------------------------------------- db
+
+DB_DESCRIPTION = """\
+The embedded PostgreSQL that memchat commands start when DATABASE_URL is
+unset, by its data directory $MEMCHAT_HOME/pgdata (default .memchat/pgdata in
+the current directory). `memchat dev` stops the server it started when it
+stops; one started by another command (memchat token, migrate, chat...), or
+left by a crash, keeps running until `memchat db stop`.
+"""
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from memchat import devdb
+
+    if os.environ.get("DATABASE_URL"):
+        _err("note: DATABASE_URL is set; `memchat db` is about the embedded server only")
+    if args.db_command == "status":
+        state = devdb.status()
+        if not state.running:
+            print(f"not running: {state.data_dir}")
+            return 3  # as `pg_ctl status`
+        print(f"running (pid {state.pid}): {state.data_dir}\n{state.uri}")
+        return 0
+    try:
+        pid = devdb.stop()
+    except devdb.StopError as exc:
+        _err(str(exc))
+        return 1
+    if pid is None:
+        print(f"not running: {devdb.data_dir()} (nothing to stop)")
+    else:
+        print(f"stopped (pid {pid}): {devdb.data_dir()}")
+    return 0
 
 
 # ---------------------------------------------------------------- migrate
@@ -532,7 +771,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memchat", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    dev = sub.add_parser("dev", help="run the API locally (embedded PostgreSQL if no DATABASE_URL)")
+    dev = sub.add_parser(
+        "dev",
+        help="run the API locally (embedded PostgreSQL if no DATABASE_URL)",
+        description=DEV_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     dev.add_argument("--host", default="127.0.0.1")
     dev.add_argument("--port", type=int, default=8000)
     dev.add_argument(
@@ -542,6 +786,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the summary worker every N seconds in the background (0: never; default 10)",
     )
     dev.set_defaults(func=cmd_dev)
+
+    db = sub.add_parser(
+        "db",
+        help="the embedded PostgreSQL under $MEMCHAT_HOME (default .memchat/): status, stop",
+        description=DB_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    db_sub = db.add_subparsers(dest="db_command", required=True)
+    db_sub.add_parser(
+        "status", help="running or not (exit code 3 if not), its pid and connection URI"
+    ).set_defaults(func=cmd_db)
+    db_sub.add_parser(
+        "stop", help="stop it (fast: open transactions roll back, clients are disconnected)"
+    ).set_defaults(func=cmd_db)
 
     mig = sub.add_parser("migrate", help="apply supabase/migrations to DATABASE_URL")
     mig.set_defaults(func=cmd_migrate)

@@ -194,3 +194,20 @@ class Database:
         idle, self._idle = self._idle, []
         for conn, _ in idle:
             await conn.close()
+
+    def reset(self) -> None:
+        """Forget every idle connection (after a Lambda SnapStart restore).
+
+        A connection kept from before the snapshot would be the same socket
+        in every instance restored from it, and its server end is long gone:
+        each is closed here without waiting for anything, from synchronous
+        code (the runtime's hooks), and the next request connects afresh.
+        The slots are re-created on the next request's event loop.
+        """
+        idle, self._idle = self._idle, []
+        self._slots = None
+        self._slots_loop = None
+        for conn, _ in idle:
+            # What AsyncConnection.close() does, minus the coroutine: closes
+            # the socket (libpq sends a Terminate; a dead peer is ignored).
+            conn.pgconn.finish()

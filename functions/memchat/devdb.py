@@ -3,6 +3,11 @@
 `pgserver` ships PostgreSQL 16 (with pgvector) as a Python package: no root,
 no Docker, a data directory of our own, up in under a second. It listens
 on a Unix socket inside the data directory only.
+
+The server runs on its own (in its own session: Ctrl-C in the terminal does
+not reach it) until stopped: `memchat dev` stops the one it started when it
+stops itself; `status()` and `stop()` (`memchat db status`, `memchat db
+stop`) find and stop one left running, by its data directory.
 """
 
 from __future__ import annotations
@@ -10,13 +15,22 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import signal
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 STATE_DIR = Path(os.environ.get("MEMCHAT_HOME", ".memchat"))
+
+
+def data_dir() -> Path:
+    """Where the embedded server keeps its data: $MEMCHAT_HOME/pgdata
+    (default .memchat/pgdata, under the current directory)."""
+    return (STATE_DIR / "pgdata").resolve()
 
 
 def start(data_dir: Path | None = None) -> str:
@@ -30,8 +44,91 @@ def start(data_dir: Path | None = None) -> str:
     directory.parent.mkdir(parents=True, exist_ok=True)
     server = get_server(directory, cleanup_mode=None)
     uri: str = server.get_uri()
-    logger.info("embedded PostgreSQL at %s", directory)
+    logger.debug("embedded PostgreSQL at %s", directory)
     return uri
+
+
+class StopError(Exception):
+    """The embedded server could not be stopped (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Status:
+    data_dir: Path
+    pid: int | None = None  # the server's (postmaster's) process, while it runs
+    uri: str | None = None  # how to connect as the owner, while it runs
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+
+def status(directory: Path | None = None) -> Status:
+    """Whether a server runs on `directory` (default: `data_dir()`)."""
+    directory = (directory or data_dir()).resolve()
+    found = _postmaster(directory)
+    if found is None:
+        return Status(directory)
+    process, lines = found
+    # postmaster.pid: pid, data directory, start time, port, socket directory, ...
+    port, socket_dir = lines[3].strip() or "5432", lines[4].strip() or str(directory)
+    uri = f"postgresql://postgres:@/postgres?host={socket_dir}&port={port}"
+    return Status(directory, int(process.pid), uri)
+
+
+def stop(directory: Path | None = None, timeout: float = 30.0) -> int | None:
+    """Stop the server running on `directory` (default: `data_dir()`), as
+    `pg_ctl stop -m fast` does: open transactions roll back, clients are
+    disconnected, the data is checkpointed. Returns the stopped server's pid,
+    None if none was running; raises StopError if it does not stop."""
+    psutil = _psutil()
+    directory = (directory or data_dir()).resolve()
+    found = _postmaster(directory)
+    if found is None:
+        return None
+    process, _ = found
+    pid = int(process.pid)
+    try:
+        process.send_signal(signal.SIGINT)  # PostgreSQL's "fast" shutdown
+        process.wait(timeout)
+    except psutil.NoSuchProcess:
+        pass  # gone already
+    except psutil.AccessDenied as exc:
+        raise StopError(
+            f"not allowed to stop the PostgreSQL server (pid {pid}) on {directory}:"
+            " it belongs to another user"
+        ) from exc
+    except psutil.TimeoutExpired as exc:
+        raise StopError(
+            f"the PostgreSQL server (pid {pid}) on {directory} did not stop within"
+            f" {timeout:g} s; see {directory / 'log'}"
+        ) from exc
+    logger.debug("stopped the embedded PostgreSQL (pid %d) at %s", pid, directory)
+    return pid
+
+
+def _postmaster(directory: Path) -> tuple[Any, list[str]] | None:
+    """The running server process of `directory` (a psutil.Process) and the
+    lines of its postmaster.pid, if that process is PostgreSQL serving this
+    directory (not a stale file whose pid was reused)."""
+    psutil = _psutil()
+    try:
+        lines = [*(directory / "postmaster.pid").read_text().splitlines(), "", "", "", "", ""]
+        pid = int(lines[0])
+    except (OSError, ValueError):
+        return None
+    try:
+        process = psutil.Process(pid)
+        serves_it = str(directory) in process.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+    return (process, lines) if serves_it and process.is_running() else None
+
+
+def _psutil() -> Any:
+    import psutil  # type: ignore[import-untyped]  # comes with pgserver (the dev extra)
+
+    return psutil
 
 
 # The login roles of the migrations: the API's and the cleanup's

@@ -6,7 +6,9 @@
   "memchat", so the app's `logging.getLogger("memchat.<module>")` records
   come out through it with their `extra=` fields. The event is never logged
   (it carries the bearer token and the user's message), whatever
-  POWERTOOLS_LOGGER_LOG_EVENT says.
+  POWERTOOLS_LOGGER_LOG_EVENT says. Each request adds one access line
+  (message "request": method, route, status, duration_ms, request_id,
+  user_id; memchat.logs) and an unexpected error its type and place.
 - Metrics: CloudWatch embedded metric format, namespace "memchat": request
   latency and counts per route, chat-turn timings and tokens (through the
   chat service's turn observer), cleanup counts, summary-worker counts,
@@ -39,6 +41,8 @@ from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.logging import correlation_paths
 from aws_lambda_powertools.logging.utils import copy_config_to_registered_loggers
 from aws_lambda_powertools.metrics import MetricUnit
+
+from memchat import logs
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -79,9 +83,17 @@ tracer = _make_tracer()
 
 
 def configure(log_level: str | int = "INFO") -> None:
-    """Set the log level and route third-party library records through our format."""
+    """Set the log level and route third-party library records through our format.
+
+    Each record logged while a request is served carries its request id,
+    also as `correlation_id`: behind API Gateway the same id Powertools takes
+    from the event; the only one in the streaming functions (uvicorn behind
+    the Lambda Web Adapter, where no handler sets one)."""
     logger.setLevel(log_level)
     logger.append_keys(name="%(name)s")
+    handler = logger.registered_handler
+    if not any(isinstance(f, logs.RequestIdFilter) for f in handler.filters):
+        handler.addFilter(logs.RequestIdFilter(correlation_id=True))
     copy_config_to_registered_loggers(
         source_logger=logger, log_level=logging.WARNING, include=set(THIRD_PARTY_LOGGERS)
     )

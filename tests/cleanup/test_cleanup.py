@@ -99,13 +99,19 @@ def test_stopped_by_its_budget_resumes_on_the_next_run(cleanup_url, users, seed:
         for i in range(5)
     ]
 
-    # Every clock read takes a second: each batch "takes" 1 s, and with 10 s
-    # the third batch would start with only 3x the slowest batch left.
-    first = run_cleanup(cleanup_url, batch_size=1, max_seconds=10, clock=StepClock())
+    # Every clock read takes a second: each batch "takes" 1 s (3 rows), the
+    # pause after it 0.8 s (the factor eases off from 1: nothing slowed the
+    # batch). After the second batch 2 s are left: less than the pause plus
+    # 3x the slowest batch, so the run stops there rather than sleep.
+    pauses: list[float] = []
+    first = run_cleanup(
+        cleanup_url, batch_size=1, max_seconds=10, clock=StepClock(), sleep=pauses.append
+    )
 
     assert not first.finished
     assert (first.batches, first.deleted_sessions, first.deleted_messages) == (2, 2, 4)
-    assert first.duration_ms == 8000
+    assert first.duration_ms == 9000
+    assert pauses == [pytest.approx(0.8)]
     assert [seed.exists(sid) for sid in mine] == [False, False, True, True, True]
 
     second = run_cleanup(cleanup_url, batch_size=1, max_seconds=600)
@@ -179,11 +185,26 @@ def test_pauses_between_batches_in_proportion_to_each_batch(cleanup_url, users, 
     for _ in range(5):
         seed.session(users.create().user_id, messages=2)
     pauses: list[float] = []
-    result = run_cleanup(cleanup_url, batch_size=2, pause_factor=2.0, sleep=pauses.append)
+    # A fixed factor (not adaptive): each pause is exactly 2x its batch, 1 s here.
+    result = run_cleanup(
+        cleanup_url,
+        batch_size=2,
+        pause_factor=2.0,
+        adaptive=False,
+        clock=StepClock(),
+        sleep=pauses.append,
+    )
     assert result.finished and result.batches >= 3
     # No pause after the last (short) batch: nothing is left to throttle.
-    assert len(pauses) == result.batches - 1
-    assert all(p > 0 for p in pauses)
+    assert pauses == [2.0] * (result.batches - 1)
+
+    for _ in range(5):
+        seed.session(users.create().user_id, messages=2)
+    adaptive: list[float] = []
+    result = run_cleanup(cleanup_url, batch_size=2, pause_factor=2.0, sleep=adaptive.append)
+    assert result.finished and result.batches >= 3
+    assert len(adaptive) == result.batches - 1
+    assert all(p > 0 for p in adaptive)
 
     for _ in range(3):
         seed.session(users.create().user_id, messages=1)

@@ -15,6 +15,13 @@ Which secrets each function can read is worked out from the template itself
 SecretStore and with and without a JWT secret), and must be exactly the
 secrets its environment points at, which must be exactly what its settings
 need (`config.secret_settings` for its ROUTE_GROUPS).
+
+The release path: the user-facing functions run from SnapStart snapshots
+behind their `live` alias (which the API's routes and the function URLs
+invoke); the scheduled functions' failures are kept (a queue) and alarmed;
+two stacks can share an account (no fixed names); X-Ray is granted only
+with tracing on; parameters that cannot work are refused (a secret of the
+wrong kind for SecretStore, a CORS origin with a path).
 """
 
 from __future__ import annotations
@@ -113,7 +120,14 @@ URL_ROUTES = url_routes()
 
 
 # ------------------------------------------------------------ evaluation
-# Each deployment the parameters allow, as the conditions it sets.
+# Each deployment the parameters allow, as the conditions it sets (the
+# others, which no test here varies, as the parameters' defaults set them).
+DEFAULT_CONDITIONS = {
+    "HasAlarmTopic": False,
+    "ReserveChat": False,
+    "ReserveChatStream": False,
+    "ReserveExport": False,
+}
 SCENARIOS = [
     {"UseSsm": ssm, "HasJwtSecret": jwt, "TracingOn": tracing}
     for ssm, jwt, tracing in itertools.product([False, True], repeat=3)
@@ -154,7 +168,14 @@ ADAPTER_VARIABLES = {
     "AWS_LWA_PORT",
     "AWS_LWA_READINESS_CHECK_PATH",
     "AWS_LWA_READINESS_CHECK_HEALTHY_STATUS",
+    "AWS_LWA_SNAPSTART_BEFORE_CHECKPOINT_PATH",
+    "AWS_LWA_SNAPSTART_AFTER_RESTORE_PATH",
 }
+# Served to users: SnapStart, through the `live` alias.
+SNAPSTART_FUNCTIONS = ["ChatFunction", "SessionsFunction", "ChatStreamFunction", "ExportFunction"]
+# Invoked asynchronously by EventBridge Scheduler.
+SCHEDULED_FUNCTIONS = ["CleanupFunction", "SummaryFunction"]
+ALIAS = "live"
 
 
 def evaluate(node: Any, conditions: dict[str, bool]) -> Any:
@@ -162,7 +183,8 @@ def evaluate(node: Any, conditions: dict[str, bool]) -> Any:
     if isinstance(node, dict):
         if set(node) == {"Fn::If"}:
             name, then, otherwise = node["Fn::If"]
-            return evaluate(then if conditions[name] else otherwise, conditions)
+            chosen = {**DEFAULT_CONDITIONS, **conditions}[name]
+            return evaluate(then if chosen else otherwise, conditions)
         if node == {"Ref": "AWS::NoValue"}:
             return NO_VALUE
         items = {key: evaluate(value, conditions) for key, value in node.items()}
@@ -183,9 +205,8 @@ def parameters_named(resource: Any) -> set[str]:
     raise AssertionError(f"a secret policy resource that is not a parameter: {resource!r}")
 
 
-@pytest.fixture(scope="module")
-def translated() -> Iterator[dict[str, Any]]:
-    """What `sam deploy` sends: the template after the SAM transform."""
+def translate(parameters: dict[str, str]) -> dict[str, Any]:
+    """The template after the SAM transform, as CloudFormation runs it with these parameters."""
     from samtranslator.translator.transform import transform  # type: ignore[import-untyped]
 
     class Policies:
@@ -201,8 +222,14 @@ def translated() -> Iterator[dict[str, Any]]:
         template = json.loads(json.dumps(TEMPLATE_DATA))
         # As `sam package` does.
         template["Globals"]["Function"]["CodeUri"] = "s3://bucket/memchat.zip"
-        output: dict[str, Any] = transform(template, {}, Policies())
-    yield output
+        output: dict[str, Any] = transform(template, parameters, Policies())
+    return output
+
+
+@pytest.fixture(scope="module")
+def translated() -> Iterator[dict[str, Any]]:
+    """What `sam deploy` sends: the template after the SAM transform (default parameters)."""
+    yield translate({})
 
 
 def readable_secrets(
@@ -287,15 +314,18 @@ def test_sam_translates_it(translated: dict[str, Any]) -> None:
     for function in STREAM_FUNCTIONS:
         url = resources[f"{function}Url"]
         assert url["Type"] == "AWS::Lambda::Url"
-        assert url["Properties"]["TargetFunctionArn"] == {"Ref": function}
+        # The URL invokes the `live` alias (SnapStart runs published versions only).
+        alias = f"{function}Alias{ALIAS}"
+        assert url["Properties"]["TargetFunctionArn"] == {"Ref": alias}
         assert url["Properties"]["InvokeMode"] == "RESPONSE_STREAM"
         assert url["Properties"]["AuthType"] == "NONE"
-        # Function URLs created since October 2025 need both permissions to be public.
+        # Function URLs created since October 2025 need both permissions to be
+        # public, on what the URL invokes (a 403 on every request means one is missing).
         permissions = {
             r["Properties"]["Action"]: r["Properties"]
             for r in resources.values()
             if r["Type"] == "AWS::Lambda::Permission"
-            and r["Properties"]["FunctionName"] == {"Ref": function}
+            and r["Properties"]["FunctionName"] == {"Ref": alias}
         }
         assert permissions["lambda:InvokeFunctionUrl"]["FunctionUrlAuthType"] == "NONE", function
         assert permissions["lambda:InvokeFunction"]["InvokedViaFunctionUrl"] is True, function
@@ -702,3 +732,281 @@ def test_the_schedule_input_drives_the_cleanup_handler(
         "duration_ms",
         "finished",
     }
+
+
+# ------------------------------------------------------------ release path
+def integration_targets(translated: dict[str, Any]) -> dict[tuple[str, str], str]:
+    """(method, path) -> what the HTTP API's integration invokes (a resource's logical id)."""
+    targets = {}
+    for path, methods in translated["Resources"]["HttpApi"]["Properties"]["Body"]["paths"].items():
+        for method, operation in methods.items():
+            uri = operation["x-amazon-apigateway-integration"]["uri"]["Fn::Sub"]
+            found = re.search(r"/functions/\$\{(\w+)\}/invocations$", uri)
+            assert found, uri
+            targets[(method.upper(), path)] = found.group(1)
+    return targets
+
+
+@pytest.mark.parametrize("function", SNAPSTART_FUNCTIONS)
+def test_user_facing_functions_start_from_snapstart_snapshots_through_their_alias(
+    translated: dict[str, Any], function: str
+) -> None:
+    properties = FUNCTIONS[function]
+    assert properties["SnapStart"] == {"ApplyOn": "PublishedVersions"}
+    assert properties["AutoPublishAlias"] == ALIAS
+    # A new version for every change (an environment variable too), not only the code's.
+    assert properties["AutoPublishAliasAllProperties"] is True
+    # Python SnapStart: python3.12 and later.
+    version = re.fullmatch(r"python3\.(\d+)", properties.get("Runtime", GLOBALS["Runtime"]))
+    assert version and int(version.group(1)) >= 12
+
+    resources = translated["Resources"]
+    alias = f"{function}Alias{ALIAS}"
+    assert resources[alias]["Type"] == "AWS::Lambda::Alias"
+    assert resources[alias]["Properties"]["Name"] == ALIAS
+    # Whatever users reach invokes the alias, never $LATEST (no snapshot there).
+    targets = integration_targets(translated)
+    for _, method, path in [r for r in HTTP_ROUTES if r[0] == function]:
+        assert targets[(method, path)] == alias, (method, path)
+    for resource in resources.values():
+        if resource["Type"] == "AWS::Lambda::Permission":
+            assert resource["Properties"]["FunctionName"] != {"Ref": function}, resource
+    if function in URL_FUNCTIONS:
+        assert resources[f"{function}Url"]["Properties"]["TargetFunctionArn"] == {"Ref": alias}
+
+
+@pytest.mark.parametrize("function", STREAM_FUNCTIONS)
+def test_the_web_adapter_relays_the_snapstart_hooks_to_the_stream_server(function: str) -> None:
+    variables = FUNCTIONS[function]["Environment"]["Variables"]
+    assert variables["AWS_LWA_SNAPSTART_BEFORE_CHECKPOINT_PATH"] == stream.BEFORE_CHECKPOINT_PATH
+    assert variables["AWS_LWA_SNAPSTART_AFTER_RESTORE_PATH"] == stream.AFTER_RESTORE_PATH
+    # The adapter relays the hooks from version 1.1.0: layer version 30 or later.
+    (layer,) = FUNCTIONS[function]["Layers"]
+    found = re.search(r":layer:LambdaAdapterLayer(Arm64|X86):(\d+)$", layer["Fn::Sub"])
+    assert found and int(found.group(2)) >= 30, layer
+    expected = {"arm64": "Arm64", "x86_64": "X86"}[GLOBALS["Architectures"][0]]
+    assert found.group(1) == expected
+
+
+def test_only_user_facing_functions_use_snapstart() -> None:
+    for function in SCHEDULED_FUNCTIONS:
+        assert "SnapStart" not in FUNCTIONS[function]
+        assert "AutoPublishAlias" not in FUNCTIONS[function]
+    assert set(SNAPSTART_FUNCTIONS) | set(SCHEDULED_FUNCTIONS) == set(FUNCTIONS)
+
+
+@pytest.mark.parametrize("function", SCHEDULED_FUNCTIONS)
+def test_failed_scheduled_runs_are_kept_and_alarmed(
+    translated: dict[str, Any], function: str
+) -> None:
+    """The Scheduler invokes asynchronously: without a destination a failure vanishes."""
+    queue = {"Fn::GetAtt": ["FailedInvocationsQueue", "Arn"]}
+    invoke = FUNCTIONS[function]["EventInvokeConfig"]
+    assert invoke["DestinationConfig"]["OnFailure"] == {"Type": "SQS", "Destination": queue}
+    assert RESOURCES["FailedInvocationsQueue"]["Type"] == "AWS::SQS::Queue"
+    # ...and what the Scheduler itself could not deliver.
+    ((_, schedule),) = [(f, e) for f, e in events_of("ScheduleV2") if f == function]
+    assert schedule["DeadLetterConfig"] == {"Arn": queue}
+
+    alarms = [
+        r["Properties"]
+        for r in RESOURCES.values()
+        if r["Type"] == "AWS::CloudWatch::Alarm"
+        and r["Properties"]["Namespace"] == "AWS/Lambda"
+        and r["Properties"]["MetricName"] == "Errors"
+        and r["Properties"]["Dimensions"] == [{"Name": "FunctionName", "Value": {"Ref": function}}]
+    ]
+    assert len(alarms) == 1, alarms
+    (alarm,) = alarms
+    assert alarm["Threshold"] == 1
+    assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert alarm["TreatMissingData"] == "notBreaching"
+    assert alarm["AlarmActions"] == {
+        "Fn::If": ["HasAlarmTopic", [{"Ref": "AlarmTopicArn"}], {"Ref": "AWS::NoValue"}]
+    }
+
+    # Deployed: the function's role may send to the queue, and so may the schedule's.
+    resources = translated["Resources"]
+    config = resources[f"{function}EventInvokeConfig"]["Properties"]
+    assert config["DestinationConfig"]["OnFailure"]["Destination"] == queue
+    for role in (f"{function}Role", f"{function}ScheduleRole"):
+        statements = [
+            statement
+            for policy in resources[role]["Properties"]["Policies"]
+            for statement in policy["PolicyDocument"]["Statement"]
+        ]
+        assert {"Action": "sqs:SendMessage", "Effect": "Allow", "Resource": queue} in statements
+
+
+def test_two_stacks_can_share_an_account_and_region(translated: dict[str, Any]) -> None:
+    """No fixed names: SAM names a ScheduleV2 schedule after the function unless OmitName."""
+    for _, schedule in events_of("ScheduleV2"):
+        assert schedule["OmitName"] is True
+        assert "Name" not in schedule
+    # Nothing else has a name of its own: CloudFormation makes them unique per stack.
+    named = {
+        "AWS::Lambda::Function": "FunctionName",
+        "AWS::Scheduler::Schedule": "Name",
+        "AWS::SQS::Queue": "QueueName",
+        "AWS::CloudWatch::Alarm": "AlarmName",
+        "AWS::Logs::LogGroup": "LogGroupName",
+        "AWS::IAM::Role": "RoleName",
+        "AWS::IAM::ManagedPolicy": "ManagedPolicyName",
+    }
+    for name, resource in translated["Resources"].items():
+        key = named.get(resource["Type"])
+        assert key is None or key not in resource.get("Properties", {}), f"{name}.{key} is fixed"
+
+
+@pytest.mark.parametrize(
+    ("function", "parameter"),
+    [
+        ("ChatFunction", "ChatReservedConcurrency"),
+        ("ChatStreamFunction", "ChatStreamReservedConcurrency"),
+        ("ExportFunction", "ExportReservedConcurrency"),
+    ],
+)
+def test_reserved_concurrency_is_a_parameter_off_by_default(function: str, parameter: str) -> None:
+    reserved = FUNCTIONS[function]["ReservedConcurrentExecutions"]
+    (condition,) = [c for c, d in TEMPLATE_DATA["Conditions"].items() if parameter in json.dumps(d)]
+    assert reserved == {"Fn::If": [condition, {"Ref": parameter}, {"Ref": "AWS::NoValue"}]}
+    assert TEMPLATE_DATA["Conditions"][condition] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": parameter}, 0]}]
+    }
+    assert TEMPLATE_DATA["Parameters"][parameter]["Default"] == 0  # 0: none reserved
+    assert evaluate(reserved, {}) is NO_VALUE
+    assert evaluate(reserved, {condition: True}) == {"Ref": parameter}
+
+
+def test_no_other_function_reserves_concurrency() -> None:
+    for function in ("SessionsFunction", *SCHEDULED_FUNCTIONS):
+        assert "ReservedConcurrentExecutions" not in FUNCTIONS[function]
+
+
+XRAY_POLICY = "arn:aws:iam::aws:policy/AWSXrayWriteOnlyAccess"
+
+
+@pytest.mark.parametrize("tracing", ["Disabled", "Active"])
+def test_xray_is_granted_only_with_tracing_on(tracing: str) -> None:
+    resources = translate({"EnableTracing": tracing})["Resources"]
+    on = tracing == "Active"
+    assert TEMPLATE_DATA["Parameters"]["EnableTracing"]["Default"] == "Disabled"
+    for function in FUNCTIONS:
+        role = resources[f"{function}Role"]["Properties"]
+        assert (XRAY_POLICY in role["ManagedPolicyArns"]) is on, function
+        tracing_config = resources[function]["Properties"].get("TracingConfig")
+        assert (tracing_config == {"Mode": {"Ref": "EnableTracing"}}) is on, function
+        variables = environment(function, {"UseSsm": False, "HasJwtSecret": False, "TracingOn": on})
+        assert variables["POWERTOOLS_TRACE_DISABLED"] == ("false" if on else "true")
+
+
+def test_tracing_needs_no_other_build() -> None:
+    """The package always ships the X-Ray SDK Powertools Tracer imports (not botocore)."""
+    script = BUILD_SCRIPT.read_text()
+    found = re.search(r"^TRACER_REQUIREMENTS=\(([^)]*)\)$", script, re.M)
+    assert found and "aws-xray-sdk" in found.group(1).split()
+    pins = (ROOT / "infra" / "lambda-constraints.txt").read_text()
+    assert re.search(r"^aws-xray-sdk==\S+$", pins, re.M)
+    assert TEMPLATE_DATA["Conditions"]["TracingOn"] == {
+        "Fn::Equals": [{"Ref": "EnableTracing"}, "Active"]
+    }
+
+
+def condition_value(name: str, parameters: dict[str, str]) -> bool:
+    """A condition as CloudFormation evaluates it, for these parameter values."""
+
+    def value(node: Any) -> Any:
+        if isinstance(node, str):
+            return node
+        ((function, argument),) = node.items()
+        if function == "Ref":
+            default = TEMPLATE_DATA["Parameters"][argument].get("Default")
+            return parameters.get(argument, default)
+        if function == "Condition":
+            return condition_value(argument, parameters)
+        if function == "Fn::Equals":
+            return str(value(argument[0])) == str(value(argument[1]))
+        if function == "Fn::Not":
+            return not value(argument[0])
+        if function == "Fn::And":
+            return all(value(a) for a in argument)
+        if function == "Fn::Or":
+            return any(value(a) for a in argument)
+        if function == "Fn::Split":
+            return value(argument[1]).split(argument[0])
+        if function == "Fn::Select":
+            return value(argument[1])[int(argument[0])]
+        raise AssertionError(f"unexpected in a condition: {function}")
+
+    return bool(value(TEMPLATE_DATA["Conditions"][name]))
+
+
+ARN = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:memchat/{}-AbCdEf"
+SECRET_PARAMETERS = [
+    "DatabaseUrlSecret",
+    "CleanupDatabaseUrlSecret",
+    "SummaryDatabaseUrlSecret",
+    "OpenAiApiKeySecret",
+    "SupabaseJwtSecretSecret",
+]
+
+
+def secret_parameters(store: str) -> dict[str, str]:
+    values = {
+        name: (f"/memchat/{name}" if store == "ssm" else ARN.format(name))
+        for name in SECRET_PARAMETERS
+    }
+    return {"SecretStore": store, **values}
+
+
+@pytest.mark.parametrize("store", ["secretsmanager", "ssm"])
+def test_secret_parameters_must_be_of_the_stores_kind(store: str) -> None:
+    guard = RESOURCES["SecretParametersDoNotMatchSecretStore"]
+    assert guard["Condition"] == "SecretsDoNotMatchStore"
+    assert guard["Type"] == "AWS::CloudFormation::WaitCondition"  # fails: nothing signals it
+    assert RESOURCES["SecretParametersDoNotMatchSecretStoreHandle"]["Condition"] == (
+        "SecretsDoNotMatchStore"
+    )
+
+    right = secret_parameters(store)
+    assert not condition_value("SecretsDoNotMatchStore", right)
+    assert not condition_value("SecretsDoNotMatchStore", {**right, "SupabaseJwtSecretSecret": ""})
+    other = secret_parameters("ssm" if store == "secretsmanager" else "secretsmanager")
+    for name in SECRET_PARAMETERS:
+        wrong = {**right, name: other[name]}
+        assert condition_value("SecretsDoNotMatchStore", wrong), name
+    # Each parameter's own pattern still admits both kinds (the store decides which).
+    for name in SECRET_PARAMETERS:
+        pattern = re.compile(TEMPLATE_DATA["Parameters"][name]["AllowedPattern"])
+        assert pattern.fullmatch(right[name]) and pattern.fullmatch(other[name]), name
+
+
+@pytest.mark.parametrize(
+    ("origin", "allowed"),
+    [
+        ("*", True),
+        ("https://chat.example.com", True),
+        ("http://localhost:3000", True),
+        ("https://app.example.co.uk:8443", True),
+        ("https://chat.example.com/", False),
+        ("https://chat.example.com/app", False),
+        ("chat.example.com", False),
+        ("https://a.example.com,https://b.example.com", False),
+        ("https://", False),
+        ("", False),
+    ],
+)
+def test_cors_allow_origin_must_be_an_origin(origin: str, allowed: bool) -> None:
+    pattern = TEMPLATE_DATA["Parameters"]["CorsAllowOrigin"]["AllowedPattern"]
+    assert bool(re.fullmatch(pattern, origin)) is allowed
+
+
+def test_the_deploy_guide_counts_the_guided_deploys_questions() -> None:
+    """`sam deploy --guided` asks once per API route and once per function URL."""
+    guide = (ROOT / "docs" / "deploy.md").read_text()
+    asked = re.search(r"for each function URL \((\d+) times\)", guide)
+    assert asked, "docs/deploy.md no longer counts the 'no authentication' questions"
+    assert int(asked.group(1)) == len(HTTP_ROUTES) + len(URL_FUNCTIONS)
+    sessions = re.search(r"\(once per route: (\d+) times\)", guide)
+    assert sessions
+    assert int(sessions.group(1)) == len([r for r in HTTP_ROUTES if r[0] == "SessionsFunction"])

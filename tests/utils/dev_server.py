@@ -5,6 +5,11 @@ with its model either the offline responder or a `FakeOpenAI` the test runs
 (pacing its chunks, scripting tool calls and failures). Its output goes to a
 file (a pipe nobody reads would fill up and stall the server), shown when it
 fails to start. `token` mints a token for a fresh user with `memchat token`.
+
+With DATABASE_URL set (the test database), neither `memchat dev` nor `memchat
+token` starts the embedded PostgreSQL, so stopping the server leaves no
+PostgreSQL behind; `dev_server` checks that none of its home's runs after it.
+tests/cli/test_dev_command.py runs `memchat dev` on the embedded server.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from memchat import devdb
 from tests.utils.fake_openai import FakeOpenAI
 from tests.utils.processes import free_port, stop, wait_healthy
 
@@ -89,3 +95,6 @@ def dev_server(admin_url: str, home: Path, model: FakeOpenAI | None = None) -> I
         yield server
     finally:
         stop(proc)
+        # None was started (DATABASE_URL); were one, it would be stopped, not left.
+        leftover = devdb.stop(home / "pgdata")
+    assert leftover is None, f"memchat dev left an embedded PostgreSQL (pid {leftover})"

@@ -31,13 +31,19 @@ _bearer = HTTPBearer(
 )
 
 
+USER_ID_STATE = "memchat_user_id"  # the verified caller's id, for the request's log line
+
+
 def current_user(
+    request: Request,
     state: State,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Caller:
     if credentials is None:
         raise Unauthorized()
-    return state.verifier.verify(credentials.credentials)
+    caller = state.verifier.verify(credentials.credentials)
+    setattr(request.state, USER_ID_STATE, caller.user_id)
+    return caller
 
 
 CurrentUser = Annotated[Caller, Depends(current_user)]

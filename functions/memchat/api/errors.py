@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import traceback
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from memchat import logs
 from memchat.errors import MemchatError
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,10 @@ def error_body(request: Request, exc: BaseException) -> dict[str, str]:
         _log_unexpected(request, exc)
         return _body(request, "internal_error", MemchatError.detail)
     if exc.status >= 500:
-        logger.warning("request failed", extra={"error": exc.code, "status": exc.status})
+        logger.warning(
+            "request failed",
+            extra={"error": exc.code, "status": exc.status, "request_id": request_id_of(request)},
+        )
     return _body(request, exc.code, exc.detail)
 
 
@@ -126,18 +129,11 @@ def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def _log_unexpected(request: Request, exc: BaseException) -> None:
-    # The exception's text may quote user input (a database error echoing a
-    # value, say): log where it happened, never what it says.
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in frames[-5:]]
-    logger.error(
-        "unhandled error",
-        extra={
-            "error_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-            "where": where,
-            "request_id": request_id_of(request),
-        },
-    )
+    """The exception's type and where it was raised (its frames too, at
+    DEBUG), with the request id the client gets: never its message, which
+    may quote user input (a database error echoing a value, say)."""
+    fields = logs.error_fields(exc, with_traceback=logger.isEnabledFor(logging.DEBUG))
+    logger.error(logs.UNEXPECTED, extra={**fields, "request_id": request_id_of(request)})
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -11,14 +11,17 @@ from fastapi import Depends, FastAPI, Request
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
-from memchat import __version__
+from memchat import __version__, logs
 from memchat.api import deps, errors
-from memchat.api.routes import account, chat, clear, export, feedback, health, memory, sessions
 from memchat.api.state import AppState
 from memchat.config import Settings, get_settings
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
+    from starlette.routing import BaseRoute
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 logger = logging.getLogger("memchat.api")
@@ -74,14 +77,16 @@ class BodyLimit:
 
 
 class RequestContext:
-    """Each request's id (X-Request-ID), its log line, and a 500 in the
-    contract's shape for anything unexpected.
+    """Each request's id (X-Request-ID), its one access log line, and a 500
+    in the contract's shape for anything unexpected.
 
     Plain ASGI, not BaseHTTPMiddleware: a streamed response (SSE, exports)
     reaches the server's own `send` untouched, so its chunks are not relayed
     through another task and a client gone mid-stream is the response's
     business (a streamed chat turn still finishes and is stored). The log
-    line comes when the response has ended, with its whole duration.
+    line (memchat.logs: method, route template, status, duration, request
+    id, user id) comes when the response has ended, with its whole duration;
+    every record logged meanwhile carries the request id.
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -95,6 +100,7 @@ class RequestContext:
         request_id = request.state.request_id = _request_id(request)
         started = time.perf_counter()
         status = 0
+        client_gone = False
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
@@ -103,32 +109,84 @@ class RequestContext:
                 MutableHeaders(scope=message)["X-Request-ID"] = request_id
             await send(message)
 
-        try:
-            length = request.headers.get("content-length")
-            if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
-                refusal = errors.error_response(request, 413, "payload_too_large", TOO_LARGE, CLOSE)
-                await refusal(scope, receive, send_with_id)
-            else:
-                await self.app(scope, receive, send_with_id)
-        except ClientDisconnect:
-            logger.info("client disconnected", extra={"request_id": request_id})
-        except Exception as exc:
-            if status:
-                # Too late for an error response: the client has part of one.
-                errors.error_body(request, exc)  # logged as the handlers would
-            else:
-                await errors.unexpected_error(request, exc)(scope, receive, send_with_id)
-        finally:
-            logger.info(
-                "request",
-                extra={
-                    "request_id": request_id,
-                    "method": request.method,
-                    "path": request.url.path,
-                    "status": status,
-                    "duration_ms": round((time.perf_counter() - started) * 1000, 2),
-                },
-            )
+        with logs.request_scope(request_id):
+            try:
+                length = request.headers.get("content-length")
+                if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
+                    refusal = errors.error_response(
+                        request, 413, "payload_too_large", TOO_LARGE, CLOSE
+                    )
+                    await refusal(scope, receive, send_with_id)
+                else:
+                    await self.app(scope, receive, send_with_id)
+            except ClientDisconnect:
+                client_gone = True
+            except Exception as exc:
+                if status:
+                    # Too late for an error response: the client has part of one.
+                    errors.error_body(request, exc)  # logged as the handlers would
+                else:
+                    await errors.unexpected_error(request, exc)(scope, receive, send_with_id)
+            finally:
+                _log_request(request, status, time.perf_counter() - started, client_gone)
+
+
+UNMATCHED = "(unmatched)"  # the route of a request no route matched (a 404)
+# A response that says the token failed, or that its keys could not be fetched
+# (verifying it again could wait on that fetch): no user id in its line.
+_AUTH_FAILED = frozenset({401, 403, 503})
+
+
+def _log_request(request: Request, status: int, seconds: float, client_gone: bool) -> None:
+    """The request's access line: never its path's values, query, body or token."""
+    route = _route_of(request.scope)
+    fields: dict[str, object] = {
+        "method": request.method,
+        "route": str(getattr(route, "path", None) or UNMATCHED),
+        "status": status,
+        "duration_ms": round(seconds * 1000, 2),
+        "request_id": errors.request_id_of(request),
+        "user_id": _verified_user(request, status),
+    }
+    if client_gone:
+        fields["client_gone"] = True
+    logger.info(logs.ACCESS, extra=fields)
+
+
+def _route_of(scope: Scope) -> BaseRoute | None:
+    """The route that served the request (the router records it), or that
+    would have: a request refused before routing (413) still names its route."""
+    served: BaseRoute | None = scope.get("route")
+    if served is not None:
+        return served
+    partial = None
+    for route in _flat(getattr(getattr(scope.get("app"), "router", None), "routes", ())):
+        match, _ = route.matches(scope)
+        if match == Match.FULL:
+            return route
+        if match == Match.PARTIAL and partial is None:
+            partial = route
+    return partial
+
+
+def _flat(routes: Iterable[BaseRoute]) -> Iterator[BaseRoute]:
+    """Every route, those of included routers too (newer FastAPI keeps an
+    included router as one entry; its routes have no prefix here)."""
+    for route in routes:
+        included = getattr(getattr(route, "original_router", None), "routes", None)
+        if included is None:
+            yield route
+        else:
+            yield from _flat(included)
+
+
+def _verified_user(request: Request, status: int) -> str | None:
+    """The caller's user id (the token's verified `sub`, kept by
+    `deps.current_user`), unless the response says authentication failed."""
+    if status in _AUTH_FAILED:
+        return None
+    user_id = getattr(request.state, deps.USER_ID_STATE, None)
+    return str(user_id) if user_id is not None else None
 
 
 def _request_id(request: Request) -> str:
@@ -149,7 +207,13 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
         version=__version__,
         description="Chat with persistent memory: sessions, long-term notes, export, erase.",
         dependencies=[Depends(deps.single_valued_query)],
+        # /docs is docs.install's (Swagger UI's files served here, no CDN); no ReDoc.
+        docs_url=None,
+        redoc_url=None,
     )
+    from memchat.api import docs
+
+    docs.install(app)
     app.state.memchat = state or AppState.build(settings)
     errors.install(app)
     # Inside request_context (added before it), so the route reads the body
@@ -170,14 +234,25 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
         )
 
     # Only the route groups this process serves (ROUTE_GROUPS); /health always.
+    # Only their modules are imported: a cold start pays for no other group's.
+    from memchat.api.routes import health
+
     app.include_router(health.router)
     if settings.serves("chat"):
+        from memchat.api.routes import chat
+
         app.include_router(chat.router)
     if settings.serves("sessions"):
+        from memchat.api.routes import clear
+
         app.include_router(clear.router)
     if settings.serves("export"):
+        from memchat.api.routes import export
+
         app.include_router(export.router)
     if settings.serves("sessions"):
+        from memchat.api.routes import account, feedback, memory, sessions
+
         app.include_router(sessions.router)
         app.include_router(feedback.router)
         app.include_router(memory.router)

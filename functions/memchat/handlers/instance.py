@@ -1,4 +1,4 @@
-"""The per-instance set-up both HTTP entry points share.
+"""The per-instance set-up both HTTP entry points share, and its SnapStart hooks.
 
 `build_app()` fetches the secrets this function's ROUTE_GROUPS need,
 validates the settings (a misconfigured function fails here with a message
@@ -8,17 +8,71 @@ only those route groups. It runs once per Lambda instance: at import in
 `memchat.handlers.http` (mangum, behind API Gateway) and at start-up in
 `memchat.handlers.stream` (uvicorn, behind the Lambda Web Adapter). Importing
 this module does nothing by itself.
+
+What the first request needs but building the app does not (PyJWT, the
+openai SDK, the tokenizer) is left to first use, so the chat handler's
+import stays within its cold-start budget (docs/benchmarks.md); with Lambda
+SnapStart it is all made before the snapshot.
+
+Lambda SnapStart (docs/snapstart.md): Lambda runs the init phase once, when
+a version is published, snapshots the initialised microVM and starts every
+new instance of that version from the snapshot instead of importing the
+handler again. What the init phase leaves in memory is then shared by every
+instance restored from it; so:
+
+- **before the snapshot** (`before_snapshot`) the app is warmed, so that the
+  first request after a restore finds the work done: the modules the request
+  path imports on first use (PyJWT and `cryptography`, the openai SDK and its
+  HTTP library, the embedding helpers), the tokenizer of OPENAI_MODEL, the
+  OpenAPI document (every pydantic model's JSON schema), and a few requests
+  through the app (one without a token, one with a malformed token: FastAPI's,
+  pydantic's and the error handlers' first-call work; GET /health: the first
+  database connection's). Then every connection is closed, so no socket is in
+  the snapshot. Nothing here fails the snapshot: a step that fails is logged
+  (its exception's type only) and skipped.
+- **after a restore** (`after_restore`) what must not be shared is made
+  afresh: `random` is reseeded (it was seeded when imported, before the
+  snapshot, and would draw the same numbers in every instance); the database
+  connections, the model's SDK client (its connection pool) and the token
+  verifier's cached key set (with its lifespan and cooldown timers) are
+  dropped, and each is made again by the first request that needs it.
+
+The hooks are registered with the Python runtime's `snapshot_restore_py`,
+which exists only inside Lambda (python3.12 and later). Elsewhere this module
+records them itself and `run_before_snapshot()` / `run_after_restore()` run
+them as the runtime would (before the snapshot: the reverse order of
+registration; after a restore: the order of registration): the tests do, and
+so can a person checking what the hooks do (docs/snapstart.md). Without
+SnapStart the hooks are registered and never run: nothing changes.
+
+`install_snapstart_hooks(app)` registers them for an app:
+`memchat.handlers.http` (the API Gateway functions) does at import. The
+streaming functions' server runs behind the Lambda Web Adapter, in a process
+of its own that the runtime's hooks never reach; `memchat.handlers.stream`
+serves the same two steps as HTTP hooks the adapter calls (`warm_and_close`,
+`forget_connections`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import asyncio
+import importlib
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from memchat import observability, secrets
 from memchat.api.main import create_app
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from starlette.types import Message
+
+    from memchat.api.state import AppState
+    from memchat.config import RouteGroup
+
+logger = logging.getLogger(__name__)
 
 
 def build_app() -> FastAPI:
@@ -29,9 +83,195 @@ def build_app() -> FastAPI:
         chat = app.state.memchat.chat
         chat.on_turn = observability.record_turn
         chat.recall.check_at_start()
-        # Every turn counts tokens; the tokenizer takes ~50 ms to build, paid
-        # here in the init phase rather than by the first user's turn.
+    return app
+
+
+# ------------------------------------------------------------------ SnapStart
+
+Hook = tuple[Callable[..., object], tuple[Any, ...], dict[str, Any]]
+RUNTIME_MODULE = "snapshot_restore_py"
+# The X-Request-ID of the warm-up requests: their access lines say what they were.
+WARM_UP_REQUEST_ID = "snapstart-warm-up"
+
+_before_snapshot: list[Hook] = []
+_after_restore: list[Hook] = []
+
+
+def _runtime() -> Any:
+    """The runtime's hook registry (`snapshot_restore_py`), or None outside Lambda."""
+    try:
+        return importlib.import_module(RUNTIME_MODULE)
+    except ImportError:
+        return None
+
+
+def register_before_snapshot(func: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+    """Run `func(*args, **kwargs)` before Lambda takes the snapshot."""
+    _before_snapshot.append((func, args, kwargs))
+    runtime = _runtime()
+    if runtime is not None:
+        runtime.register_before_snapshot(func, *args, **kwargs)
+
+
+def register_after_restore(func: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+    """Run `func(*args, **kwargs)` when Lambda restores an instance from the snapshot."""
+    _after_restore.append((func, args, kwargs))
+    runtime = _runtime()
+    if runtime is not None:
+        runtime.register_after_restore(func, *args, **kwargs)
+
+
+def run_before_snapshot() -> None:
+    """Run the before-snapshot hooks as the runtime does: last registered first."""
+    for func, args, kwargs in reversed(_before_snapshot):
+        func(*args, **kwargs)
+
+
+def run_after_restore() -> None:
+    """Run the after-restore hooks as the runtime does: in the order registered."""
+    for func, args, kwargs in _after_restore:
+        func(*args, **kwargs)
+
+
+def registered_hooks() -> tuple[list[Hook], list[Hook]]:
+    """(before-snapshot hooks, after-restore hooks), in the order registered."""
+    return list(_before_snapshot), list(_after_restore)
+
+
+def install_snapstart_hooks(app: FastAPI) -> None:
+    """Register the SnapStart hooks for this app (once per process: at the handler's import)."""
+    register_before_snapshot(before_snapshot, app)
+    register_after_restore(after_restore, app)
+
+
+def before_snapshot(app: FastAPI) -> None:
+    """The runtime's before-snapshot hook: warm the app, then close its connections."""
+    _run(warm_and_close(app))
+
+
+def after_restore(app: FastAPI) -> None:
+    """The runtime's after-restore hook: nothing shared from the snapshot is reused."""
+    forget_connections(app)
+
+
+async def warm_and_close(app: FastAPI) -> None:
+    """Warm what a first request would pay for, then close every connection."""
+    state: AppState = app.state.memchat
+    try:
+        _warm_imports(state)
+        await _step("openapi", _openapi, app)
+        await _warm_requests(app, state)
+    finally:
+        # Nothing connected may be in the snapshot (each step may have connected).
+        await _step("close", state.close)
+    logger.info("warmed for the SnapStart snapshot: connections closed")
+
+
+def forget_connections(app: FastAPI) -> None:
+    """Re-seed `random`; drop the connections, HTTP clients and cached keys."""
+    # Seeded from os.urandom when imported, i.e. before the snapshot.
+    random.seed()
+    state: AppState = app.state.memchat
+    state.db.reset()
+    state.verifier.reset()
+    if state.model is not None:
+        state.model.reset()
+    logger.info("restored from a SnapStart snapshot: connections and clients reset")
+
+
+def _warm_imports(state: AppState) -> None:
+    """Import now what the request path imports on first use, and build the tokenizer."""
+    modules = ["jwt"]  # the token check (memchat.auth imports it on first use)
+    if state.model is not None:
+        # The model client (memchat.model.client imports these on first use).
+        modules += ["openai", "httpx2", "memchat.model.embeddings"]
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            logger.warning("warm-up skipped", extra={"step": name, "error": type(exc).__name__})
+    if state.model is not None:
         from memchat.model.tokens import counter_for_model
 
-        counter_for_model(settings.openai_model)
-    return app
+        # Every turn counts tokens: build the tokenizer (~50 ms) once, here.
+        counter_for_model(state.settings.openai_model)
+
+
+def _openapi(app: FastAPI) -> None:
+    app.openapi()  # every route's pydantic JSON schemas, kept by the app
+
+
+# Per route group, a route that needs a token (refused here: none is valid).
+_AUTHENTICATED_ROUTES: dict[RouteGroup, tuple[str, str, bytes]] = {
+    "chat": ("POST", "/chat", b'{"message": "warm-up"}'),
+    "sessions": ("GET", "/sessions", b""),
+    "export": ("GET", "/export", b""),
+}
+
+
+async def _warm_requests(app: FastAPI, state: AppState) -> None:
+    """A few requests through the app that store nothing and need no user."""
+    for group, (method, path, body) in _AUTHENTICATED_ROUTES.items():
+        if state.settings.serves(group):
+            await _step("no token", _request, app, method, path, body, None)
+            await _step("malformed token", _request, app, method, path, body, "not-a-token")
+            break
+    # The first database connection (libpq, TLS); closed again by the caller.
+    await _step("health", _request, app, "GET", "/health", b"", None)
+
+
+async def _request(app: FastAPI, method: str, path: str, body: bytes, token: str | None) -> int:
+    """One request through the ASGI app, in-process; its status."""
+    headers = [(b"x-request-id", WARM_UP_REQUEST_ID.encode())]
+    if body:
+        headers += [(b"content-type", b"application/json")]
+        headers += [(b"content-length", str(len(body)).encode())]
+    if token is not None:
+        headers.append((b"authorization", f"Bearer {token}".encode()))
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "https",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 0),
+        "server": ("localhost", 443),
+    }
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+    status = 0
+
+    async def receive() -> Message:
+        return pending.pop() if pending else {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = int(message["status"])
+
+    await app(scope, receive, send)
+    return status
+
+
+async def _step(name: str, func: Callable[..., object], *args: Any) -> None:
+    """Run one warm-up step; a failure is logged (its type, never its message) and skipped."""
+    try:
+        result = func(*args)
+        if isinstance(result, Awaitable):
+            await result
+    except Exception as exc:
+        logger.warning("warm-up step failed", extra={"step": name, "error": type(exc).__name__})
+
+
+def _run(coroutine: Awaitable[None]) -> None:
+    """Run a coroutine from the runtime's (synchronous) hook, on a loop of its own:
+    the thread's current loop, which mangum runs the requests on, is left as it is."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(coroutine)
+    finally:
+        loop.close()

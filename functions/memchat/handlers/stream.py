@@ -22,6 +22,16 @@ adapter's readiness check) are served here: every other route stays behind
 API Gateway, with its throttling and access log, and answers the contract's
 JSON 404, naming the base URL that serves it.
 
+Lambda SnapStart: this process is the adapter's child, out of reach of the
+Python runtime's snapshot hooks, so the adapter (v1.1.0 and later) relays
+them as HTTP requests (template.yaml: AWS_LWA_SNAPSTART_BEFORE_CHECKPOINT_PATH
+and AWS_LWA_SNAPSTART_AFTER_RESTORE_PATH): `POST /_snapstart/before-checkpoint`
+warms the app and closes its connections (the readiness check's included),
+`POST /_snapstart/after-restore` drops what must not be shared
+(`memchat.handlers.instance`). Both answer only the adapter itself: a
+function-URL request, which the adapter stamps with `x-amzn-request-context`,
+gets the 404 any unknown path gets.
+
     ROUTE_GROUPS=export AWS_LWA_PORT=8081 python -m memchat.handlers.stream   # the exports
     ROUTE_GROUPS=chat AWS_LWA_PORT=8082 python -m memchat.handlers.stream     # the chat stream
 """
@@ -35,6 +45,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import compile_path
 
 from memchat.api import errors
@@ -63,6 +74,12 @@ ELSEWHERE = {
 }
 # The adapter's readiness check (template.yaml: AWS_LWA_READINESS_CHECK_PATH).
 READINESS_PATH = "/health"
+# The adapter's SnapStart hooks (template.yaml: AWS_LWA_SNAPSTART_BEFORE_CHECKPOINT_PATH,
+# AWS_LWA_SNAPSTART_AFTER_RESTORE_PATH), POSTed by the adapter itself.
+BEFORE_CHECKPOINT_PATH = "/_snapstart/before-checkpoint"
+AFTER_RESTORE_PATH = "/_snapstart/after-restore"
+# The header the adapter adds to every request it relays from the function URL.
+RELAYED_HEADER = b"x-amzn-request-context"
 HOST = "127.0.0.1"  # only the adapter, in the same sandbox, connects
 DEFAULT_PORT = 8080  # the adapter's default AWS_LWA_PORT
 
@@ -131,6 +148,10 @@ class StreamedRoutesOnly:
         if scope["type"] != "http" or self.serves(scope["method"], scope["path"]):
             await self.app(scope, receive, send)
             return
+        if _snapstart_hook(scope):
+            await self._snapstart(scope["path"])
+            await Response(status_code=204)(scope, receive, send)
+            return
         request = Request(scope)
         request.state.request_id = uuid.uuid4().hex
         method, path = request.method, request.url.path
@@ -142,6 +163,23 @@ class StreamedRoutesOnly:
             headers={"X-Request-ID": request.state.request_id},
         )
         await response(scope, receive, send)
+
+    async def _snapstart(self, path: str) -> None:
+        from memchat.handlers import instance
+
+        if path == BEFORE_CHECKPOINT_PATH:
+            await instance.warm_and_close(self.app)
+        else:
+            instance.forget_connections(self.app)
+
+
+def _snapstart_hook(scope: Scope) -> bool:
+    """A SnapStart hook's request from the adapter (never one it relays)."""
+    return (
+        scope["method"] == "POST"
+        and scope["path"] in (BEFORE_CHECKPOINT_PATH, AFTER_RESTORE_PATH)
+        and all(name.lower() != RELAYED_HEADER for name, _ in scope["headers"])
+    )
 
 
 def publish_metrics_per_turn(app: FastAPI) -> None:
@@ -181,6 +219,11 @@ def create_stream_app() -> StreamedRoutesOnly:
     guarded = StreamedRoutesOnly(app, settings.route_groups)
     if settings.serves("chat"):
         publish_metrics_per_turn(app)
+        # Every turn counts tokens: the tokenizer (~50 ms) is built at start-up,
+        # which the adapter waits for, rather than by the first streamed turn.
+        from memchat.model.tokens import counter_for_model
+
+        counter_for_model(settings.openai_model)
     return guarded
 
 

@@ -280,6 +280,19 @@ class ModelClient:
             await self._client.close()
             self._client = None
 
+    def reset(self) -> None:
+        """Forget the SDK client (after a Lambda SnapStart restore).
+
+        Its connection pool must not be shared by every instance restored
+        from one snapshot: the next call builds a new client. Synchronous,
+        for the runtime's hooks; the before-snapshot hook has already closed
+        the client (`close()`), so no connection is dropped unclosed here.
+        An HTTP client handed in (the offline responder's in-process
+        transport) is kept.
+        """
+        self._embeddings_client = None
+        self._client = None
+
 
 class _Unreadable(Exception):
     """The body is not a chat completion we can use; the message names the field."""

@@ -8,7 +8,8 @@ one statement over session counters and feedback (never their messages).
 
 from __future__ import annotations
 
-from typing import Annotated
+from datetime import datetime
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path
 
@@ -80,7 +81,7 @@ async def stats(
 ) -> StatsOut:
     """The caller's sessions, messages, turns, tokens and feedback (all agents
     when agent_name is not given)."""
-    return StatsOut(**await store.chat_stats(state.db, caller, agent_name))
+    return StatsOut(**_isoformat(await store.chat_stats(state.db, caller, agent_name)))
 
 
 @router.get(
@@ -95,4 +96,16 @@ async def session_stats(session_id: UuidText, caller: CurrentUser, state: State)
     found = await store.session_stats(state.db, caller, parsed)
     if found is None:
         raise SessionNotFound()
-    return SessionStatsOut(**found)
+    return SessionStatsOut(**_isoformat(found))
+
+
+_TIMES = ("first_activity_at", "last_activity_at")
+
+
+def _isoformat(stats: dict[str, Any]) -> dict[str, Any]:
+    """Timestamps written as every other endpoint writes them (Python's
+    isoformat: PostgreSQL's JSON drops trailing zeros of the microseconds)."""
+    return {
+        key: datetime.fromisoformat(value).isoformat() if key in _TIMES and value else value
+        for key, value in stats.items()
+    }
