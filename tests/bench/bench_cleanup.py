@@ -10,17 +10,23 @@ batch size:
   timed half before the cleanup and half after it (and its vacuum);
 * cleanup: `run_cleanup` deletes every expired session while another
   thread runs the same turns; expired messages deleted per second and the
-  turns' p50/p99 compared with idle.
+  turns' p50/p99 compared with idle; the time it paused against the time
+  its batches took (`pause/batch`: the pause factor it settled on). The
+  adaptive pause (memchat.usecases.cleanup) sees the turns' writes, what
+  its batches do to its latency probe's round trips, and its batches' speed.
 
 Targets: >= 200,000 messages/s, turn p99 during cleanup < 2x idle.
 
-    python tests/bench/bench_cleanup.py                    # full size, ~3 min
+    python tests/bench/bench_cleanup.py                    # full size, ~5 min
     python tests/bench/bench_cleanup.py --expired-sessions 2000 --runs current:1000
 
-`--runs` lists SQL-variant:batch-size pairs, each on a fresh fill. The
-variant is the SQL `store.expire_sessions_batch` runs: `current` is the
-store's statement as it is; the others are candidates, patched in for that
-run only (see VARIANTS). The machine's load average is printed per run:
+`--runs` lists SQL-variant:batch-size[:option...] items, each on a fresh
+fill. The variant is the SQL `store.expire_sessions_batch` runs: `current`
+is the store's statement as it is; the others are candidates, patched in for
+that run only (see VARIANTS). Options: `fixed` pauses exactly
+`--pause-factor` batch durations (the pause before it adapted; the default is
+the adaptive pause), `alone` runs the cleanup with no turns next to it (its
+speed on an idle database). The machine's load average is printed per run:
 other work on the machine skews the turn latencies most.
 """
 
@@ -131,7 +137,7 @@ class Shape:
 def reset(admin: psycopg.Connection[Any]) -> None:
     admin.execute(
         "truncate public.chat_message_history, public.user_agent_active_sessions,"
-        " public.agent_long_term_memory, public.chat_sessions, auth.users"
+        " public.agent_long_term_memory, public.chat_sessions, auth.users cascade"
     )
 
 
@@ -277,6 +283,27 @@ async def run_turns(
 # -------------------------------------------------------------------- runs
 
 
+PACES = ("adaptive", "fixed")
+
+
+@dataclass(frozen=True)
+class Run:
+    variant: str
+    batch: int
+    pace: str = "adaptive"  # or "fixed"
+    alone: bool = False  # no turns next to the cleanup
+
+    @classmethod
+    def parse(cls, text: str) -> Run:
+        variant, batch, *options = text.split(":")
+        unknown = set(options) - {*PACES, "alone"}
+        if unknown or not batch.isdigit():
+            raise ValueError(f"bad run {text!r}: variant:batch[:fixed][:alone]")
+        return cls(
+            variant, int(batch), "fixed" if "fixed" in options else "adaptive", "alone" in options
+        )
+
+
 @dataclass
 class Row:
     variant: str
@@ -292,6 +319,9 @@ class Row:
     load: float
     idle: list[float]
     during: list[float]
+    pace: str
+    paused_s: float
+    batches_s: float
 
     def cells(self) -> list[str]:
         idle_p99 = common.percentile(self.idle, 99)
@@ -299,6 +329,8 @@ class Row:
         return [
             self.variant,
             str(self.batch),
+            self.pace,
+            f"{self.paused_s / self.batches_s:.2f}" if self.batches_s else "-",
             f"{self.messages:,}",
             str(self.batches),
             f"{self.seconds:.2f}",
@@ -317,6 +349,8 @@ class Row:
 HEADERS = [
     "sql",
     "batch",
+    "pause",
+    "pause/batch",
     "expired msgs",
     "batches",
     "cleanup s",
@@ -336,8 +370,7 @@ def one_run(
     url: str,
     admin: psycopg.Connection[Any],
     shape: Shape,
-    variant: str,
-    batch: int,
+    run: Run,
     turns: int,
     pause_factor: float = 1.0,
 ) -> Row:
@@ -362,17 +395,33 @@ def one_run(
         )
 
     thread = threading.Thread(target=background, name="turns")
-    thread.start()
+    if run.alone:
+        started.set()
+    else:
+        thread.start()
     started.wait()
     batch_ms: list[float] = []
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        time.sleep(seconds)
+
     load = os.getloadavg()[0]
     wal_before = wal_lsn(admin)
     try:
-        with patched_sql(variant), timed_batches(batch_ms):
-            result = run_cleanup(url, batch_size=batch, pause_factor=pause_factor)
+        with patched_sql(run.variant), timed_batches(batch_ms):
+            result = run_cleanup(
+                url,
+                batch_size=run.batch,
+                pause_factor=pause_factor,
+                adaptive=run.pace == "adaptive",
+                sleep=sleep,
+            )
     finally:
         done.set()
-        thread.join()
+        if thread.is_alive():
+            thread.join()
     wal_mb = (wal_lsn(admin) - wal_before) / 2**20
     assert result.finished, result
     assert result.deleted_sessions == expected_sessions, (result, expected_sessions)
@@ -385,9 +434,10 @@ def one_run(
     with common.Timer() as vacuum:
         admin.execute("vacuum public.chat_message_history")
     idle += asyncio.run(run_turns(url, live, count=turns - turns // 2))
+    pace = "none" if pause_factor == 0 else f"{run.pace} {pause_factor:g}"
     return Row(
-        variant=variant,
-        batch=batch,
+        variant=run.variant,
+        batch=run.batch,
         sessions=result.deleted_sessions,
         messages=result.deleted_messages,
         batches=result.batches,
@@ -399,6 +449,9 @@ def one_run(
         load=load,
         idle=idle,
         during=during,
+        pace=pace + (", no turns" if run.alone else ""),
+        paused_s=sum(pauses),
+        batches_s=sum(batch_ms) / 1000,
     )
 
 
@@ -465,15 +518,17 @@ def main() -> None:
     parser.add_argument("--sessions-per-user", type=int, default=10)
     parser.add_argument(
         "--runs",
-        default="current:1000,indexed:1000,current:5000",
-        help="comma-separated SQL-variant:batch-size pairs, one fill and cleanup each",
+        default="current:1000:fixed,current:1000,current:1000:alone",
+        help="comma-separated SQL-variant:batch-size[:fixed][:alone] items,"
+        " one fill and cleanup each",
     )
     parser.add_argument("--turns", type=int, default=400, help="idle turns per run")
     parser.add_argument(
         "--pause-factor",
         type=float,
         default=1.0,
-        help="run_cleanup's pause between batches, in batch durations (1: the default; 0: none)",
+        help="run_cleanup's pause factor: where the adaptive pause starts, or the fixed"
+        " pause in batch durations with `:fixed` (1: the default; 0: no pause)",
     )
     parser.add_argument(
         "--server-setting",
@@ -492,8 +547,11 @@ def main() -> None:
         args.messages_per_session,
         args.sessions_per_user,
     )
-    runs = [(v, int(b)) for v, _, b in (r.partition(":") for r in args.runs.split(","))]
-    unknown = {v for v, _ in runs} - VARIANTS.keys()
+    try:
+        runs = [Run.parse(r) for r in args.runs.split(",")]
+    except ValueError as exc:
+        parser.error(str(exc))
+    unknown = {r.variant for r in runs} - VARIANTS.keys()
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; choose from {sorted(VARIANTS)}")
     rows: list[Row] = []
@@ -508,11 +566,13 @@ def main() -> None:
                 sql.SQL("alter system set {} = {}").format(sql.Identifier(name), sql.Literal(value))
             )
             admin.execute("select pg_reload_conf()")
-        for variant, batch in runs:
-            print(f"run: sql={variant} batch={batch}", flush=True)
-            rows.append(
-                one_run(target.url, admin, shape, variant, batch, args.turns, args.pause_factor)
+        for run in runs:
+            print(
+                f"run: sql={run.variant} batch={run.batch} pace={run.pace}"
+                f"{' alone' if run.alone else ''}",
+                flush=True,
             )
+            rows.append(one_run(target.url, admin, shape, run, args.turns, args.pause_factor))
             print(common.format_table(HEADERS, [rows[-1].cells()]), flush=True)
         control = None
         if not args.no_control:

@@ -14,30 +14,37 @@ before starting a batch it may not have time to finish: when the time left
 so far. The next run resumes where this one stopped; two runs at once share the work.
 
 Between batches it pauses a multiple of the last batch's duration, and the
-multiple adapts to how the batches run (`Pacer`). Deleting a million
-messages writes about 440 MB of WAL and keeps a backend busy: every chat
-turn's commit must flush the WAL written before it, and on a small database
-host the turns and the cleanup share the CPUs. What the cleanup can see of
-that without any other privilege or infrastructure is its own batches: a
-batch that deletes its rows more slowly than the fastest recent one shared
-the machine with someone (resource sharing is mutual: it slowed them about
-as much). So each batch's time per deleted row is compared with the lowest
-of the last `BASELINE_BATCHES` batches (lock waits, I/O and CPU contention
-all show up there):
+multiple (the pause factor) adapts (`Pacer`). Deleting a million messages
+writes about 440 MB of WAL and keeps a backend busy: every chat turn's
+commit must flush the WAL written before it, and on a small database host
+the turns and the cleanup share the CPUs, so turns that overlap a batch are
+slower. The cleanup measures, with nothing beyond its own login:
 
-* at least `SLOW_BATCH` times the baseline: the pause factor doubles,
-  up to `MAX_PAUSE_SCALE` times `pause_factor`;
-* under `FAST_BATCH` times the baseline (nothing in the way): it shrinks by
-  `SPEEDUP`, down to `MIN_PAUSE_SCALE` times `pause_factor`;
-* in between it stays.
+* **whether anyone is using the database**: other transactions that wrote
+  (took a transaction id) and finished: the current snapshot's xmax, one
+  past the latest to finish (`pg_current_snapshot()`), moved by more than
+  the batch's own one. A chat turn writes; none for `IDLE_SECONDS`: idle;
+* **what a batch does to a turn's latency** (`LatencyProbe`): a second
+  connection times a trivial query every `PROBE_INTERVAL` seconds. Those
+  answered while a batch ran against those answered while it paused (the
+  last `PROBE_REFERENCE`) say how much the batch slows a client right now;
+  compared within moments, steady load, the network and the host cancel
+  out (the `harm`, smoothed over batches);
+* **its batches' own speed**: time per deleted row against the lowest of
+  the last `BASELINE_BATCHES` batches. A lock wait (a cascade waiting for a
+  row a turn holds) or a host busy with something else shows up there.
 
-It starts at `pause_factor` (CLEANUP_PAUSE_FACTOR, default 1); 0 deletes flat
-out with no pause at all. A pause never eats into the time the next batch
-needs (the budget rule above): when it would, the run stops instead and the
-next one resumes. Measured against one client's chat turns
-(docs/benchmarks.md, "Scheduled cleanup"): a fixed pause of one batch
-duration kept turn p99 at 2.2-2.9x idle; the adaptive pause settles near its
-upper bound while turns run and near its lower bound on an idle database.
+After each batch the factor grows by `BACKOFF` (up to `MAX_PAUSE_SCALE`
+times `pause_factor`) when the batch ran `SLOW_BATCH` times slower than its
+baseline, or when others wrote and the harm is `HARM_SLOW` or more (or
+unknown: no probe); it shrinks by `SPEEDUP` (down to `MIN_PAUSE_SCALE` times
+`pause_factor`) when the batch ran under `FAST_BATCH` times its baseline and
+either the database is idle or the harm is under `HARM_FAST`; otherwise it
+stays. It starts at `pause_factor` (CLEANUP_PAUSE_FACTOR, default 1); 0
+deletes flat out with no pause and no probe. A pause never eats into the
+time the next batch needs (the budget rule above): when it would, the run
+stops instead and the next one resumes. Measured against one client's chat
+turns in docs/benchmarks.md, "Scheduled cleanup".
 
 The Lambda handler and `memchat cleanup [--dry-run] [--max-seconds N]` both
 call `run_cleanup`, configured by `settings_from_env`.
@@ -48,9 +55,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,18 +77,33 @@ LAMBDA_RESERVE_SECONDS = 2.0
 # Stop when the time left is below this many times the slowest batch so far.
 SLOWEST_BATCH_FACTOR = 3.0
 APPLICATION_NAME = "memchat-cleanup"
+PROBE_APPLICATION_NAME = "memchat-cleanup-probe"
 
 # The adaptive pause (see the module docstring and `Pacer`).
-# The baseline: the lowest time per deleted row over this many recent batches
-# (a sliding window, so that a lucky batch is forgotten and the slow growth of
-# a long run's own cost, dead index entries the scan steps over, is followed).
+# No other transaction wrote for this long (s): the database is idle.
+IDLE_SECONDS = 10.0
+# The latency probe: one trivial query this often (s) on its own connection ...
+PROBE_INTERVAL = 0.02
+# (at the end, waiting this long (s) at most for its last round trip) ...
+PROBE_JOIN_SECONDS = 5.0
+# ... the reference: the last this many probes answered during pauses ...
+PROBE_REFERENCE = 50
+# ... and the harm: a batch's probes' mean latency over the reference's mean,
+# smoothed over batches (each new batch weighs 1 - HARM_SMOOTHING: one probe
+# held up by something else must not decide).
+HARM_SMOOTHING = 0.5
+HARM_SLOW = 1.5  # at or above (with others writing): back off
+HARM_FAST = 1.2  # under: may speed up
+# A batch's speed: its time per deleted row over the lowest of this many
+# recent batches (a sliding window, so that a lucky batch is forgotten and the
+# slow growth of a long run's own cost, dead index entries the scan steps
+# over, is followed). At or above SLOW_BATCH: back off; under FAST_BATCH: may
+# speed up.
 BASELINE_BATCHES = 10
-# A batch this many times slower per row than the baseline backs off ...
 SLOW_BATCH = 1.2
-# ... and one under this many times speeds up (in between: unchanged).
 FAST_BATCH = 1.1
-BACKOFF = 2.0  # the pause factor's growth on a slow batch
-SPEEDUP = 0.8  # and its shrinking on a fast one
+BACKOFF = 1.5  # the pause factor's growth
+SPEEDUP = 0.8  # and its shrinking
 # The pause factor's bounds, in multiples of the configured `pause_factor`.
 MIN_PAUSE_SCALE = 0.25
 MAX_PAUSE_SCALE = 4.0
@@ -105,23 +129,28 @@ class Pacer:
     """The pause after each batch: `factor` times the batch's duration.
 
     `factor` starts at `base` and, when `adaptive`, moves within
-    [`MIN_PAUSE_SCALE` * base, `MAX_PAUSE_SCALE` * base] with each batch's time
-    per deleted row against the lowest of the last `BASELINE_BATCHES`
-    (`slowdown`). Not adaptive, or `base` 0: always `base`. Pure arithmetic on
-    what it is told, so that tests can drive it with any durations.
+    [`MIN_PAUSE_SCALE` * base, `MAX_PAUSE_SCALE` * base] by the rule in the
+    module docstring. Not adaptive, or `base` 0: always `base`. Pure
+    arithmetic on what it is told, so that tests can drive it with any numbers.
     """
 
     base: float
     adaptive: bool = True
     factor: float = field(init=False)
+    # What the batches showed so far (for the debug log and tests):
     slowdown: float = field(init=False, default=1.0)  # the last batch's
+    harm: float | None = field(init=False, default=None)  # smoothed; None: never probed
+    active: bool = field(init=False, default=False)  # others wrote lately
+    _last_write: float | None = field(init=False, default=None, repr=False)
     _costs: deque[float] = field(init=False, repr=False)
+    _reference: deque[float] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.base < 0:
             raise ValueError("pause factor must be >= 0")
         self.factor = self.base
         self._costs = deque(maxlen=BASELINE_BATCHES)
+        self._reference = deque(maxlen=PROBE_REFERENCE)
 
     @property
     def bounds(self) -> tuple[float, float]:
@@ -129,8 +158,23 @@ class Pacer:
             return self.base, self.base
         return self.base * MIN_PAUSE_SCALE, self.base * MAX_PAUSE_SCALE
 
-    def after_batch(self, seconds: float, rows: int) -> float:
-        """The pause (s) after a batch that deleted `rows` rows in `seconds`."""
+    def after_batch(
+        self,
+        seconds: float,
+        rows: int,
+        *,
+        at: float = 0.0,
+        writes: int = 0,
+        probes_during: Sequence[float] = (),
+        probes_before: Sequence[float] = (),
+    ) -> float:
+        """The pause (s) after a batch that deleted `rows` rows in `seconds`.
+
+        `at`: when the batch ended (the run's clock); `writes`: how many other
+        transactions wrote since the previous batch ended; `probes_during`:
+        the probe's latencies answered while the batch ran, `probes_before`:
+        those answered before it since the previous batch (its pause).
+        """
         if not self.adaptive or self.base == 0:
             return self.base * seconds
         cost = seconds / max(rows, 1)
@@ -138,12 +182,87 @@ class Pacer:
             self._costs.append(cost)
         baseline = min(self._costs, default=0.0)
         self.slowdown = cost / baseline if cost > 0 and baseline > 0 else 1.0
+        if writes > 0:
+            self._last_write = at
+        self.active = self._last_write is not None and at - self._last_write < IDLE_SECONDS
+        self._reference.extend(probes_before)
+        reference = sum(self._reference) / len(self._reference) if self._reference else 0.0
+        if probes_during and reference > 0:  # else (a batch too short): the harm so far
+            harm = sum(probes_during) / len(probes_during) / reference
+            if self.harm is not None:
+                harm = HARM_SMOOTHING * self.harm + (1 - HARM_SMOOTHING) * harm
+            self.harm = harm
+        hurts = self.active and (self.harm is None or self.harm >= HARM_SLOW)
+        harmless = not self.active or (self.harm is not None and self.harm < HARM_FAST)
         low, high = self.bounds
-        if self.slowdown >= SLOW_BATCH:
+        if self.slowdown >= SLOW_BATCH or hurts:
             self.factor = min(self.factor * BACKOFF, high)
-        elif self.slowdown < FAST_BATCH:
+        elif self.slowdown < FAST_BATCH and harmless:
             self.factor = max(self.factor * SPEEDUP, low)
         return self.factor * seconds
+
+
+class LatencyProbe:
+    """Times a trivial query on its own connection every `interval` s, in a thread.
+
+    What a user's turn would feel at that moment, in miniature: a round trip
+    to the same database through the same pooler. `take()` hands over the
+    latencies (ms) answered since the last call. If the connection cannot be
+    made or fails, it stops quietly (logged) and `take()` returns nothing: the
+    cleanup goes on without it.
+    """
+
+    def __init__(self, conninfo: str, interval: float = PROBE_INTERVAL) -> None:
+        self._conninfo = conninfo
+        self._interval = interval
+        self._samples: list[float] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __enter__(self) -> LatencyProbe:
+        try:
+            self._conn = psycopg.connect(
+                self._conninfo, application_name=PROBE_APPLICATION_NAME, **connect_kwargs()
+            )
+        except psycopg.Error as exc:
+            logger.warning("cleanup latency probe unavailable (%s): pacing by batches", exc)
+            return self
+        self._thread = threading.Thread(target=self._run, name="cleanup-probe", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(PROBE_JOIN_SECONDS)
+            if self._thread.is_alive():  # a round trip hung: leave it to the process
+                logger.warning("cleanup latency probe did not stop; its connection is left")
+                return
+        if self._conn is not None:
+            self._conn.close()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def take(self) -> list[float]:
+        with self._lock:
+            samples, self._samples = self._samples, []
+        return samples
+
+    def _run(self) -> None:
+        assert self._conn is not None
+        try:
+            while not self._stop.wait(self._interval):
+                began = time.perf_counter()
+                self._conn.execute("select 1")
+                took = (time.perf_counter() - began) * 1000
+                with self._lock:
+                    self._samples.append(took)
+        except psycopg.Error as exc:
+            logger.warning("cleanup latency probe stopped (%s): pacing by batches", exc)
 
 
 @dataclass
@@ -180,6 +299,7 @@ def run_cleanup(
     pause_factor: float = 1.0,
     sleep: Callable[[float], None] = time.sleep,
     adaptive: bool = True,
+    probe: bool = True,
 ) -> CleanupResult:
     """Delete expired sessions (and their messages) until done or out of time.
 
@@ -188,8 +308,11 @@ def run_cleanup(
     `dry_run` only counts what would be deleted. `pause_factor` throttles
     (see the module docstring); 0 deletes flat out. `adaptive=False` keeps
     the pause at exactly `pause_factor` batch durations (the behaviour before
-    the adaptive pause, kept for comparison). Batches are timed with `clock`,
-    pauses taken with `sleep`: tests inject both.
+    the adaptive pause, kept for comparison). `probe=False` paces without
+    the latency probe's connection and thread (by the batches' speed and
+    others' writes: any writes back off). Batches are timed with `clock`,
+    pauses taken with `sleep`: tests inject both (the probe times real round
+    trips with its own clock).
     """
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
@@ -206,15 +329,21 @@ def run_cleanup(
 
     sessions = messages = batches = 0
     finished = False
-    with psycopg.connect(conninfo, application_name=APPLICATION_NAME, **connect_kwargs()) as conn:
+    pacing = adaptive and pause_factor > 0 and not dry_run
+    with (
+        psycopg.connect(conninfo, application_name=APPLICATION_NAME, **connect_kwargs()) as conn,
+        _probe(conninfo, pacing and probe) as latency,
+    ):
         if dry_run:
             sessions, messages = store.count_expired(conn)
             finished = True
         else:
             store.purge_expired_claims(conn)
+            next_xid = _next_xid(conn) if pacing else 0
             slowest = 0.0
             left = seconds_left()
             while left > SLOWEST_BATCH_FACTOR * slowest:
+                before = latency.take()  # answered during the pause (or the start)
                 began = clock()
                 try:
                     got_sessions, got_messages = store.expire_sessions_batch(conn, batch_size)
@@ -231,13 +360,27 @@ def run_cleanup(
                 if got_sessions < batch_size:
                     finished = True
                     break
-                pause = pacer.after_batch(took, got_sessions + got_messages)
+                during = latency.take()
+                previous_xid, next_xid = next_xid, _next_xid(conn) if pacing else 0
+                writes = max(0, next_xid - previous_xid - 1)  # less the batch's own
+                pause = pacer.after_batch(
+                    took,
+                    got_sessions + got_messages,
+                    at=began + took,
+                    writes=writes,
+                    probes_during=during,
+                    probes_before=before,
+                )
                 logger.debug(
-                    "cleanup batch %d: %d rows in %.3f s, slowdown %.2f, pause %.3f s",
+                    "cleanup batch %d: %d rows in %.3f s, slowdown %.2f, harm %s,"
+                    " %d other writes, %s: pause %.3f s",
                     batches,
                     got_sessions + got_messages,
                     took,
                     pacer.slowdown,
+                    "-" if pacer.harm is None else f"{pacer.harm:.2f}",
+                    writes,
+                    "-" if not pacing else "in use" if pacer.active else "idle",
                     pause,
                 )
                 left = seconds_left()
@@ -256,3 +399,23 @@ def run_cleanup(
     )
     logger.info("cleanup %s", json.dumps(result.as_dict()), extra={"cleanup": result.as_dict()})
     return result
+
+
+class _NoProbe:
+    def take(self) -> list[float]:
+        return []
+
+
+@contextmanager
+def _probe(conninfo: str, enabled: bool) -> Iterator[LatencyProbe | _NoProbe]:
+    if not enabled:
+        yield _NoProbe()
+        return
+    with LatencyProbe(conninfo) as probe:
+        yield probe
+
+
+def _next_xid(conn: psycopg.Connection[Any]) -> int:
+    """One past the latest transaction id to finish (without taking one)."""
+    row = conn.execute("select pg_snapshot_xmax(pg_current_snapshot())::text::bigint").fetchone()
+    return int(row[0]) if row else 0
