@@ -152,25 +152,17 @@ tar -C "$ROOT" --exclude='__pycache__' --exclude='*.egg-info' -cf - functions | 
 #    is fine. No byte-code yet (step 4).
 find "$OUT" -mindepth 1 -delete
 WHEELS=("$WORK"/wheel/memchat-*.whl)
+# Linux wheels for the runtime's Python and architecture, into the package.
+WHEEL_TARGET=(--target "$OUT" --implementation cp --python-version "$PYTHON_VERSION"
+  --platform "manylinux2014_$MACHINE" --platform "manylinux_2_28_$MACHINE"
+  --platform "manylinux_2_34_$MACHINE" --only-binary=:all:)
 PINS=(-c "$CONSTRAINTS")
 if [ "$UPDATE_CONSTRAINTS" = 1 ]; then PINS=(); fi
 "${PIP[@]}" install --quiet --no-compile "${PINS[@]}" \
-  --target "$OUT" \
-  --implementation cp \
-  --python-version "$PYTHON_VERSION" \
-  --platform "manylinux2014_$MACHINE" \
-  --platform "manylinux_2_28_$MACHINE" \
-  --platform "manylinux_2_34_$MACHINE" \
-  --only-binary=:all: \
+  "${WHEEL_TARGET[@]}" \
   "${WHEELS[0]}[stream]"
 "${PIP[@]}" install --quiet --no-compile --no-deps "${PINS[@]}" \
-  --target "$OUT" \
-  --implementation cp \
-  --python-version "$PYTHON_VERSION" \
-  --platform "manylinux2014_$MACHINE" \
-  --platform "manylinux_2_28_$MACHINE" \
-  --platform "manylinux_2_34_$MACHINE" \
-  --only-binary=:all: \
+  "${WHEEL_TARGET[@]}" \
   "${TRACER_REQUIREMENTS[@]}"
 # pip only warns about an unknown extra: without uvicorn the streaming
 # functions would fail at every cold start, so fail the build instead.

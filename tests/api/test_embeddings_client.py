@@ -28,6 +28,7 @@ from memchat.model.client import EmbeddingUnavailable, ModelClient
 from memchat.model.embeddings import local_embedding
 from tests.conftest import JWT_SECRET, UNUSED_DATABASE
 from tests.utils.fake_openai import FakeOpenAI
+from tests.utils.logs import assert_not_logged
 
 TEXT = "my favourite colour is teal"  # must never reach a log record
 LOGGER = "memchat.model.client"
@@ -48,12 +49,6 @@ def client(model: FakeOpenAI, model_client_for: Callable[..., ModelClient]) -> M
 
 def norm(vector: list[float]) -> float:
     return math.sqrt(sum(v * v for v in vector))
-
-
-def assert_nothing_logged_holds(text: str, caplog: pytest.LogCaptureFixture) -> None:
-    for record in caplog.records:
-        assert text not in record.getMessage()
-        assert all(text not in str(value) for value in vars(record).values())
 
 
 # ------------------------------------------------------------ success
@@ -233,7 +228,7 @@ async def test_a_failure_is_embedding_unavailable_after_one_request(
     assert model.calls == 0
     warnings = [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
     assert [getattr(r, "reason", None) for r in warnings] == [raised.value.reason]
-    assert_nothing_logged_holds(TEXT, caplog)
+    assert_not_logged(caplog, TEXT)
 
 
 async def test_http_errors_name_their_status(client: ModelClient, model: FakeOpenAI) -> None:
@@ -252,7 +247,7 @@ async def test_a_wrong_size_names_embedding_dimensions_and_both_sizes(
     assert record.levelno == logging.WARNING
     message = record.getMessage()
     assert "EMBEDDING_DIMENSIONS" in message and "512" in message and "1536" in message
-    assert_nothing_logged_holds(TEXT, caplog)
+    assert_not_logged(caplog, TEXT)
 
 
 @pytest.mark.parametrize(

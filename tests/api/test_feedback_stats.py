@@ -17,16 +17,11 @@ from langchain_postgres import PostgresChatMessageHistory
 from memchat import store
 from memchat.usecases.cleanup import run_cleanup
 from tests.utils.api import ApiClient
+from tests.utils.chat_api import chat
 from tests.utils.fake_openai import FakeOpenAI, tool_call
 from tests.utils.sse import parse
 
 STREAM = {"Accept": "text/event-stream"}
-
-
-async def chat(api: ApiClient, auth: dict[str, str], message: str, **fields: Any) -> Any:
-    r = await api.post("/chat", json={"message": message, **fields}, headers=auth)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def stored(admin: psycopg.Connection, session_id: str) -> list[tuple[int, str, bool]]:

@@ -25,7 +25,6 @@ from typing import Any
 
 import httpx
 import pytest
-from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
 
 from memchat.logs import DevFormatter, RequestIdFilter
 from tests.conftest import UNUSED_DATABASE, make_settings
@@ -34,6 +33,7 @@ from tests.handlers.conftest import LambdaRuntime, body_of, http_event, token_fo
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import assert_error
 from tests.utils.fake_openai import FakeOpenAI
+from tests.utils.logs import assert_not_logged, rendered
 from tests.utils.sse import parse, serve
 from tests.utils.users import UserFactory
 
@@ -73,23 +73,9 @@ def only_access(caplog: pytest.LogCaptureFixture, request_id: str) -> logging.Lo
     return record
 
 
-def rendered(record: logging.LogRecord) -> str:
-    """The record every way it can be printed: dev line, Powertools JSON, its fields."""
-    return "\n".join(
-        (
-            DevFormatter().format(record),
-            LambdaPowertoolsFormatter().format(record),
-            json.dumps(record.__dict__, default=str),
-        )
-    )
-
-
 def assert_never_logged(caplog: pytest.LogCaptureFixture, *texts: str) -> None:
     assert caplog.records
-    for record in caplog.records:
-        output = rendered(record)
-        for text in texts:
-            assert text not in output, (text, output)
+    assert_not_logged(caplog, *texts)
 
 
 # ------------------------------------------------------------------- 2xx

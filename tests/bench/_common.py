@@ -179,6 +179,11 @@ def percentile(samples: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+def comma_list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    """An argparse type: a comma-separated list of `kind`."""
+    return lambda value: [kind(x) for x in value.split(",") if x.strip()]
+
+
 def summarize(samples: Sequence[float]) -> Stats:
     if not samples:
         return Stats(0, math.nan, math.nan, math.nan, math.nan, math.nan)

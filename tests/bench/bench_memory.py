@@ -789,10 +789,6 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def comma_list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
-    return lambda value: [kind(x) for x in value.split(",") if x.strip()]
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -801,13 +797,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=20, help="untimed turns first (20)")
     parser.add_argument(
         "--sizes",
-        type=comma_list(int),
+        type=common.comma_list(int),
         default=list(DEFAULT_SIZES),
         help="comma-separated pre-filled session sizes (10,1000,10000)",
     )
     parser.add_argument(
         "--latency-ms",
-        type=comma_list(float),
+        type=common.comma_list(float),
         action="extend",
         default=[],
         metavar="MS[,MS...]",

@@ -83,7 +83,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -1059,15 +1059,11 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def comma_list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
-    return lambda value: [kind(x) for x in value.split(",") if x.strip()]
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--sizes",
-        type=comma_list(int),
+        type=common.comma_list(int),
         default=[1_000, 10_000, 100_000],
         help="stored messages of each measured user (1000,10000,100000)",
     )
@@ -1087,7 +1083,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=10, help="untimed calls first (10)")
     parser.add_argument(
         "--ef-search",
-        type=comma_list(int),
+        type=common.comma_list(int),
         default=[40, 200],
         help="hnsw.ef_search values for the HNSW-only runs (40 = the default, 200)",
     )
@@ -1100,7 +1096,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--turn-warmup", type=int, default=10, help="untimed turns first (10)")
     parser.add_argument(
         "--turn-sizes",
-        type=comma_list(int),
+        type=common.comma_list(int),
         default=[1_000, 10_000],
         help="which measured users the turn part uses (1000,10000)",
     )
@@ -1109,13 +1105,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--latency-ms",
-        type=comma_list(float),
+        type=common.comma_list(float),
         default=[1.0],
         help="round-trip time the proxy adds in the turn part, one run per value (1)",
     )
     parser.add_argument(
         "--parts",
-        type=comma_list(str),
+        type=common.comma_list(str),
         default=["query", "hnsw", "turn"],
         help="which parts to run (query,hnsw,turn); hnsw runs the exact scan too",
     )

@@ -723,15 +723,11 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def comma_list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
-    return lambda value: [kind(x) for x in value.split(",") if x.strip()]
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
         "--sizes",
-        type=comma_list(int),
+        type=common.comma_list(int),
         default=list(DEFAULT_SIZES),
         help="comma-separated messages per measured user (1000,10000,100000)",
     )

@@ -20,19 +20,12 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import WebDriverWait
 
+from tests.utils.browser import WAIT, chromium, wait
 from tests.utils.dev_server import DevServer
 from tests.utils.fake_openai import FakeOpenAI, tool_call
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-WAIT = 30  # seconds, for anything the page does
 
 RATED_ANSWER = "Oolong can be steeped several times, a little longer each time."
 OTHER_ANSWER = "Yes: a quick rinse wakes the leaves."
@@ -67,56 +60,11 @@ def downloads(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def browser(downloads: Path) -> Iterator[WebDriver]:
-    """Headless Chromium from Debian's packages (never a download of selenium's)."""
-    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
-    assert not missing, (
-        f"{', '.join(missing)} missing: the browser tests need Debian's Chromium"
-        " (sudo apt-get install chromium chromium-driver; infra/test.sh installs them as root)"
-    )
-    options = Options()
-    options.binary_location = str(CHROMIUM)
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",  # CI runs as root
-        "--disable-dev-shm-usage",
-        "--window-size=1200,900",
-        # Nothing but the test's own server on 127.0.0.1: no background services,
-        # and anything else goes to a closed loopback port (loopback bypasses it).
-        "--proxy-server=http://127.0.0.1:9",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-default-apps",
-        "--disable-extensions",
-        "--disable-client-side-phishing-detection",
-        "--disable-domain-reliability",
-        "--no-default-browser-check",
-        "--no-first-run",
-        "--no-pings",
-        "--dns-prefetch-disable",
-    ):
-        options.add_argument(argument)
-    options.add_experimental_option(
-        "prefs",
-        {
-            "download.default_directory": str(downloads),
-            "download.prompt_for_download": False,
-            "download.directory_upgrade": True,
-            "safebrowsing.enabled": False,
-        },
-    )
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
+    with chromium(downloads) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def wait(driver: WebDriver, what: str, check: Any) -> Any:
-    return WebDriverWait(driver, WAIT, poll_frequency=0.05).until(check, f"waiting for {what}")
 
 
 def open_page(driver: WebDriver, url: str) -> None:

@@ -18,65 +18,21 @@ from typing import Any
 
 import httpx
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import WebDriverWait
 
 from memchat.api import docs
 from memchat.config import Settings
 from tests.utils.api import ApiClient
+from tests.utils.browser import chromium, wait
 from tests.utils.dev_server import DevServer
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-WAIT = 30  # seconds, for anything the page does
 
 
 @pytest.fixture
 def browser() -> Iterator[WebDriver]:
-    """Headless Chromium from Debian's packages (never a download of selenium's)."""
-    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
-    assert not missing, (
-        f"{', '.join(missing)} missing: the browser tests need Debian's Chromium"
-        " (sudo apt-get install chromium chromium-driver; infra/test.sh installs them as root)"
-    )
-    options = Options()
-    options.binary_location = str(CHROMIUM)
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",  # CI runs as root
-        "--disable-dev-shm-usage",
-        "--window-size=1200,900",
-        # Nothing but the test's own server on 127.0.0.1: no background services,
-        # and anything else goes to a closed loopback port (loopback bypasses it).
-        "--proxy-server=http://127.0.0.1:9",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-default-apps",
-        "--disable-extensions",
-        "--disable-client-side-phishing-detection",
-        "--disable-domain-reliability",
-        "--no-default-browser-check",
-        "--no-first-run",
-        "--no-pings",
-        "--dns-prefetch-disable",
-    ):
-        options.add_argument(argument)
-    # The console, to see any load the page's Content-Security-Policy refused.
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
+    # The console shows any load the page's Content-Security-Policy refused.
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-
-
-def wait(driver: WebDriver, what: str, check: Any) -> Any:
-    return WebDriverWait(driver, WAIT, poll_frequency=0.05).until(check, f"waiting for {what}")
 
 
 def operations(spec: dict[str, Any]) -> list[tuple[str, str]]:

@@ -132,8 +132,8 @@ class RequestContext:
 
 
 UNMATCHED = "(unmatched)"  # the route of a request no route matched (a 404)
-# A response that says the token failed, or that its keys could not be fetched
-# (verifying it again could wait on that fetch): no user id in its line.
+# A response that says the caller is not authenticated (the token failed, its
+# keys could not be fetched, the account is gone): no user id in its line.
 _AUTH_FAILED = frozenset({401, 403, 503})
 
 

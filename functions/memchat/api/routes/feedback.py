@@ -16,6 +16,7 @@ from fastapi import APIRouter, Path
 from memchat import store
 from memchat.api.deps import AnyAgentQuery, CurrentUser, State
 from memchat.api.schemas import (
+    INT8_MAX,
     FeedbackBody,
     FeedbackDeleted,
     FeedbackOut,
@@ -64,7 +65,7 @@ async def give_feedback(body: FeedbackBody, caller: CurrentUser, state: State) -
     responses=error_responses(404, 422, descriptions=_NOT_FOUND),
 )
 async def delete_feedback(
-    message_id: Annotated[int, Path(ge=1, le=2**63 - 1)], caller: CurrentUser, state: State
+    message_id: Annotated[int, Path(ge=1, le=INT8_MAX)], caller: CurrentUser, state: State
 ) -> FeedbackDeleted:
     """Remove the caller's rating of an answer."""
     deleted = await store.delete_feedback(state.db, caller, message_id)
