@@ -13,13 +13,13 @@ OPENAI_API_KEY (a deployed sessions or export function is not given it), and
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
-from typing import Annotated, Literal, get_args
+from typing import Literal, get_args
 
-from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 AGENT_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 
@@ -117,11 +117,20 @@ def secret_settings(route_groups: Iterable[str]) -> tuple[str, ...]:
     return names
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_file=None, extra="ignore", case_sensitive=False)
+class Settings(BaseModel):
+    """Every setting, one field each; its variable is the field's name in capitals.
+
+    Read with `load_settings()` (the environment, names matched without
+    regard to case, plus overrides), so each value arrives as the string the
+    environment holds and the validators below parse it: a plain pydantic
+    model, as pydantic-settings would add nothing here but its import time
+    (about 30 ms of every cold start, docs/benchmarks.md).
+    """
+
+    model_config = ConfigDict(extra="ignore", validate_default=True)
 
     # What this process serves (template.yaml gives each function its own).
-    route_groups: Annotated[frozenset[RouteGroup], NoDecode] = frozenset(HTTP_GROUPS)
+    route_groups: frozenset[RouteGroup] = frozenset(HTTP_GROUPS)
 
     database_url: str = Field(min_length=1)
     supabase_url: str | None = None
@@ -190,7 +199,7 @@ class Settings(BaseSettings):
     # too; they are refused (401) unless this is set.
     allow_anonymous_users: bool = False
 
-    cors_allow_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    cors_allow_origins: list[str] = Field(default_factory=list)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     # Connections held by one process: 1 in Lambda (one request at a time).
     db_max_connections: int = Field(default=1, ge=1, le=100)
@@ -273,10 +282,22 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def environment_values(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The settings the environment sets, by field name (DATABASE_URL: database_url)."""
+    fields = Settings.model_fields
+    found = {}
+    for name, value in (os.environ if environ is None else environ).items():
+        field = name.lower()
+        if field in fields:
+            found[field] = value
+    return found
+
+
 def load_settings(**overrides: object) -> Settings:
-    """Read the settings, raising ConfigError that names each bad variable."""
+    """Read the settings from the environment, overrides first, raising
+    ConfigError that names each bad variable."""
     try:
-        return Settings(**overrides)  # type: ignore[arg-type]
+        return Settings.model_validate({**environment_values(), **overrides})
     except ValidationError as exc:
         raise ConfigError(f"invalid configuration: {_describe(exc)}") from None
 

@@ -105,6 +105,29 @@ def test_environment_values_are_parsed(minimal: None, monkeypatch: pytest.Monkey
     assert settings.jwks_url == "https://proj.supabase.co/auth/v1/.well-known/jwks.json"
 
 
+def test_names_match_without_regard_to_case_and_overrides_win(
+    minimal: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("Memory_Recall_K", "5")
+    monkeypatch.setenv("openai_model", "gpt-from-env")
+    monkeypatch.setenv("ROUTE_GROUPS", " Chat, export ")
+    monkeypatch.setenv("MEMORY_SOMETHING_ELSE", "ignored")  # not a setting: no error
+    settings = load_settings(openai_model="gpt-from-caller")
+    assert settings.memory_recall_k == 5
+    assert settings.openai_model == "gpt-from-caller"
+    assert settings.route_groups == frozenset({"chat", "export"})
+    assert load_settings().openai_model == "gpt-from-env"
+
+
+def test_a_bad_value_names_its_variable(minimal: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("memory_recall_k", "lots")
+    monkeypatch.setenv("CHAT_RATE_BURST", "0")
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    assert "MEMORY_RECALL_K" in str(refused.value)
+    assert "CHAT_RATE_BURST" in str(refused.value)
+
+
 def test_get_settings_reads_once(minimal: None, monkeypatch: pytest.MonkeyPatch) -> None:
     first = get_settings()
     monkeypatch.setenv("LOG_LEVEL", "ERROR")

@@ -59,6 +59,7 @@ import asyncio
 import importlib
 import logging
 import random
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +76,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+# FastAPI imports `pydantic.v1` as it creates each route, only to refuse
+# pydantic v1 models; neither memchat nor anything it deploys has one. Marked
+# absent (None in sys.modules: an import of it raises ModuleNotFoundError,
+# which FastAPI takes as "no pydantic v1 here"), the 17-34 ms that import
+# costs are left out of every cold start (docs/benchmarks.md). Only a module
+# that is not loaded yet is marked.
+UNUSED_MODULES = ("pydantic.v1",)
+
+
 def build_app() -> FastAPI:
+    for name in UNUSED_MODULES:
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
     settings = secrets.load_settings()
     observability.configure(settings.log_level)
     app = create_app(settings)
