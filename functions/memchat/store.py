@@ -983,7 +983,9 @@ async def summary_settled(db: Database, caller: Caller, session_id: uuid.UUID) -
 # The locked ids go on as one array so every statement is an index lookup
 # (primary key; (session_id, id desc)) whatever the table sizes: joining the
 # CTE let the planner hash the whole message table on every batch. Messages
-# go by the FK cascade; they are counted first, in the same snapshot.
+# go by the FK cascade (and their embeddings and feedback with them, by a
+# statement-level trigger: migration *_set_based_cascades.sql); they are
+# counted first, in the same snapshot.
 _EXPIRE_BATCH = """
 with doomed as (
     select s.id from public.chat_sessions s

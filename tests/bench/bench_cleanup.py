@@ -2,7 +2,9 @@
 
 Fills 20,000 expired sessions x 50 messages (1,000,000 expired messages)
 next to live sessions with messages of their own, interleaved in the table
-the way real traffic writes them. Then, for each cleanup SQL variant and
+the way real traffic writes them, with what real traffic stores beside
+them: an embedding of every user message (recall) and a rating of one
+answer in twenty (feedback), which go with their messages. Then, for each cleanup SQL variant and
 batch size:
 
 * idle: the p50/p99 of chat turns at the store level
@@ -184,6 +186,23 @@ def fill(admin: psycopg.Connection[Any], shape: Shape) -> list[tuple[uuid.UUID, 
             " from generate_series(1, %(m)s) m cross join bench_sessions s order by m, s.k",
             {"m": shape.messages_per_session, "human": Jsonb(human), "ai": Jsonb(ai)},
         )
+        # What real traffic stores beside its messages: an embedding of every
+        # user message (recall) and a rating of one answer in twenty.
+        admin.execute(
+            "insert into memchat.message_embeddings"
+            " (message_id, user_id, session_id, agent_name, created_at, embedding)"
+            " select h.id, h.user_id, h.session_id, c.agent_name, h.created_at,"
+            "  array_fill(0.25::real, array[memchat.embedding_dimensions()])::extensions.vector"
+            " from public.chat_message_history h join public.chat_sessions c on c.id = h.session_id"
+            " where h.message->>'type' = 'human'"
+        )
+        admin.execute(
+            "insert into memchat.message_feedback"
+            " (message_id, user_id, session_id, agent_name, rating)"
+            " select h.id, h.user_id, h.session_id, c.agent_name, 1"
+            " from public.chat_message_history h join public.chat_sessions c on c.id = h.session_id"
+            " where h.message->>'type' = 'ai' and h.id % 20 = 0"
+        )
         # One active pointer and notes per user and agent of their first session.
         admin.execute(
             "insert into public.user_agent_active_sessions (user_id, agent_name,"
@@ -208,6 +227,8 @@ def settle(admin: psycopg.Connection[Any]) -> None:
         admin,
         "public.chat_message_history",
         "public.chat_sessions",
+        "memchat.message_embeddings",
+        "memchat.message_feedback",
         "public.user_agent_active_sessions",
         "public.agent_long_term_memory",
         "auth.users",
