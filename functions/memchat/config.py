@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from functools import lru_cache
 from typing import Literal, get_args
 
@@ -282,15 +282,10 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def environment_values(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def environment_values() -> dict[str, str]:
     """The settings the environment sets, by field name (DATABASE_URL: database_url)."""
     fields = Settings.model_fields
-    found = {}
-    for name, value in (os.environ if environ is None else environ).items():
-        field = name.lower()
-        if field in fields:
-            found[field] = value
-    return found
+    return {name.lower(): value for name, value in os.environ.items() if name.lower() in fields}
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -53,7 +53,6 @@ from tests.bench import bench_import
 from tests.utils.api import ApiClient
 from tests.utils.fake_openai import FakeOpenAI
 
-JWT_SECRET = "bench-jwt-secret-with-at-least-32-characters"
 TARGET_IMPORT_MS = 300.0
 IMPORT_MODULES = [
     ("memchat.api.main", "the FastAPI app"),
@@ -65,7 +64,7 @@ MESSAGE = "What did I tell you about my plans for the weekend? " * 3
 async def time_turns(url: str, model_url: str, turns: int, warmup: int) -> dict[str, list[float]]:
     settings = load_settings(
         database_url=url,
-        supabase_jwt_secret=JWT_SECRET,
+        supabase_jwt_secret=common.JWT_SECRET,
         openai_api_key="bench-key",
         openai_base_url=model_url,
         openai_model="fake-model",
@@ -85,7 +84,7 @@ async def time_turns(url: str, model_url: str, turns: int, warmup: int) -> dict[
         admin = common.admin_connection(url)
         caller = common.create_user(admin)
         admin.close()
-        auth = {"Authorization": f"Bearer {devtokens.mint(JWT_SECRET, caller.user_id)}"}
+        auth = {"Authorization": f"Bearer {devtokens.mint(common.JWT_SECRET, caller.user_id)}"}
         session_id = str(uuid.uuid4())
         for i in range(warmup + turns):
             body = {"message": f"{i}: {MESSAGE}", "session_id": session_id}

@@ -48,7 +48,6 @@ from memchat.api.main import create_app
 from memchat.config import load_settings
 from tests.bench import _common as common
 
-JWT_SECRET = "bench-jwt-secret-with-at-least-32-characters"
 FORMATS = ("json", "ndjson", "markdown")
 TARGETS = {"json", "ndjson"}
 MIN_RATE = 50_000
@@ -202,12 +201,12 @@ async def bench(target: common.Target, count: int, runs: int) -> None:
 
     settings = load_settings(
         database_url=target.url,
-        supabase_jwt_secret=JWT_SECRET,
+        supabase_jwt_secret=common.JWT_SECRET,
         openai_api_key="unused",
         db_max_connections=1,
     )
     app = create_app(settings)
-    token = devtokens.mint(JWT_SECRET, caller.user_id)
+    token = devtokens.mint(common.JWT_SECRET, caller.user_id)
     baseline = 0
     seconds: dict[str, list[float]] = {f: [] for f in FORMATS}
     peaks: dict[str, int] = dict.fromkeys(FORMATS, 0)

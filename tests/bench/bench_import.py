@@ -101,7 +101,7 @@ STACK_ROW = "(the stack alone: " + ", ".join(STACK) + ")"
 ENVIRONMENT = {
     # Shaped like production; nothing answers at this DATABASE_URL.
     "DATABASE_URL": "postgresql://postgres.ref:pw@127.0.0.1:6543/postgres?sslmode=disable",
-    "SUPABASE_JWT_SECRET": "bench-jwt-secret-with-at-least-32-characters",
+    "SUPABASE_JWT_SECRET": common.JWT_SECRET,
     "OPENAI_API_KEY": "sk-bench",
     "POWERTOOLS_SERVICE_NAME": "memchat",
     "POWERTOOLS_TRACE_DISABLED": "true",
@@ -290,43 +290,32 @@ def function_env(env: dict[str, str], module: str) -> dict[str, str]:
 
 def time_imports(python: str, common_env: dict[str, str], runs: int) -> list[list[str]]:
     baseline = statistics.median(cpu_ms(python, "pass", common_env) for _ in range(runs))
+
+    def row(label: str, modules: str, env: dict[str, str], cumulative: str) -> list[str]:
+        walls = [wall_ms(python, modules, env) for _ in range(runs)]
+        cpu = statistics.median(
+            cpu_ms(python, f"import {modules}", env) - baseline for _ in range(runs)
+        )
+        median = statistics.median(walls)
+        return [
+            label,
+            f"{median:.0f}",
+            f"{min(walls):.0f}",
+            cumulative,
+            f"{cpu:.0f}",
+            "yes" if min(median, cpu) <= TARGET_MS else "no",
+        ]
+
     rows = []
     for module in HANDLERS:
         env = function_env(common_env, module)
-        walls = [wall_ms(python, module, env) for _ in range(runs)]
-        cpu = statistics.median(
-            cpu_ms(python, f"import {module}", env) - baseline for _ in range(runs)
-        )
         cumulative = [
             next(t for _, t, _, name in importtime(python, module, env) if name == module) / 1000
             for _ in range(max(3, runs // 2))
         ]
-        median = statistics.median(walls)
-        rows.append(
-            [
-                module,
-                f"{median:.0f}",
-                f"{min(walls):.0f}",
-                f"{statistics.median(cumulative):.0f}",
-                f"{cpu:.0f}",
-                "yes" if min(median, cpu) <= TARGET_MS else "no",
-            ]
-        )
-    stack = ", ".join(STACK)
-    env = function_env(common_env, HANDLERS[0])
-    walls = [wall_ms(python, stack, env) for _ in range(runs)]
-    cpu = statistics.median(cpu_ms(python, f"import {stack}", env) - baseline for _ in range(runs))
-    median = statistics.median(walls)
-    rows.append(
-        [
-            STACK_ROW,
-            f"{median:.0f}",
-            f"{min(walls):.0f}",
-            "-",
-            f"{cpu:.0f}",
-            "yes" if min(median, cpu) <= TARGET_MS else "no",
-        ]
-    )
+        rows.append(row(module, module, env, f"{statistics.median(cumulative):.0f}"))
+    stack_env = function_env(common_env, HANDLERS[0])
+    rows.append(row(STACK_ROW, ", ".join(STACK), stack_env, "-"))
     return rows
 
 

@@ -122,7 +122,6 @@ OWNER_INDEX = "message_embeddings_owner_idx"
 OWNER_INDEX_DDL = (
     f"create index if not exists {OWNER_INDEX} on memchat.message_embeddings (user_id, agent_name)"
 )
-JWT_SECRET = "bench-jwt-secret-with-at-least-32-characters"
 # A bucket that never runs dry: the turn pays for the write, never a refusal.
 THROTTLE = store.Throttle(per_minute=1e9, burst=1_000_000)
 FILLER = "lorem ipsum dolor sit amet " * 5
@@ -280,12 +279,7 @@ def fill(
     n_others = math.ceil(other_rows / PER_OTHER_USER) if other_rows else 0
     others = [uuid.uuid4() for _ in range(n_others)]
     if others:
-        admin.execute(
-            "insert into auth.users (id, aud, role, email)"
-            " select u, 'authenticated', 'authenticated', u::text || '@example.test'"
-            " from unnest(%s::uuid[]) as u",
-            (others,),
-        )
+        common.insert_users(admin, others)
         created += others
     user_ids = [c.user_id for c in callers] + others
     counts = list(sizes) + [
@@ -710,7 +704,7 @@ async def time_turns(
                 proxy = stack.enter_context(common.LatencyProxy(url, ms))
                 settings = load_settings(
                     database_url=proxy.url,
-                    supabase_jwt_secret=JWT_SECRET,
+                    supabase_jwt_secret=common.JWT_SECRET,
                     openai_api_key="bench-key",
                     openai_base_url=provider.url,
                     openai_max_retries=0,

@@ -86,7 +86,6 @@ OTHER_SESSIONS = 10  # per other user
 OTHER_MESSAGES = 10  # per session of another user
 DEFAULT_SIZES = (1_000, 10_000, 100_000)
 TARGET_MS = 20.0
-JWT_SECRET = "bench-jwt-secret-with-at-least-32-characters"
 FILLER = "lorem ipsum dolor sit amet " * 5  # ~150 characters a message
 
 # The calls, as the API's store makes them.
@@ -215,12 +214,7 @@ def fill(
     created += [c.user_id for c in callers]
     others = [uuid.uuid4() for _ in range(other_users)]
     if others:
-        admin.execute(
-            "insert into auth.users (id, aud, role, email)"
-            " select u, 'authenticated', 'authenticated', u::text || '@example.test'"
-            " from unnest(%s::uuid[]) as u",
-            (others,),
-        )
+        common.insert_users(admin, others)
         created += others
 
     now = datetime.now(UTC)
@@ -410,7 +404,7 @@ def http_cases(client: Any, owners: list[Owner]) -> list[Case]:
 
     cases = []
     for o in owners:
-        token = devtokens.mint(JWT_SECRET, o.caller.user_id)
+        token = devtokens.mint(common.JWT_SECRET, o.caller.user_id)
         cases += [
             Case("http", "GET /chat/stats", o, lambda t=token: get("/chat/stats", t)),
             Case(
@@ -697,7 +691,7 @@ async def run(args: argparse.Namespace) -> int:
 
                 settings = load_settings(
                     database_url=target.url,
-                    supabase_jwt_secret=JWT_SECRET,
+                    supabase_jwt_secret=common.JWT_SECRET,
                     openai_api_key="unused",
                     db_max_connections=1,
                 )

@@ -54,9 +54,8 @@ import httpx
 
 from memchat import devdb, devtokens
 from tests.bench import _common as common
-from tests.utils.sse import free_port
+from tests.utils.processes import free_port
 
-JWT_SECRET = "bench-jwt-secret-with-at-least-32-characters"
 FIRST_TOKEN_S = 0.2
 TARGET_MS = 10.0
 DELTA = b"event: delta"
@@ -83,7 +82,7 @@ def _app_process(database_url: str, model_url: str, port: int) -> None:
 
     settings = load_settings(
         database_url=database_url,
-        supabase_jwt_secret=JWT_SECRET,
+        supabase_jwt_secret=common.JWT_SECRET,
         openai_api_key="bench-key",
         openai_base_url=model_url,
         openai_model="fake-model",
@@ -251,7 +250,7 @@ def run(args: argparse.Namespace, target: common.Target) -> dict[str, Any]:
     admin = common.admin_connection(url)
     caller = common.create_user(admin)
     admin.close()
-    token = devtokens.mint(JWT_SECRET, caller.user_id)
+    token = devtokens.mint(common.JWT_SECRET, caller.user_id)
     # The embedded server trusts local logins: serve as memchat_api, as deployed.
     api_url = devdb.role_conninfo(url, devdb.API_ROLE) if target.embedded else url
     results: dict[str, Any] = {}

@@ -58,12 +58,7 @@ def fill(
 ) -> tuple[list[tuple[uuid.UUID, uuid.UUID]], list[tuple[uuid.UUID, uuid.UUID]]]:
     """(due sessions, live sessions) as (session_id, user_id); the due ones queued."""
     owners = [uuid.uuid4() for _ in range(users)]
-    admin.execute(
-        "insert into auth.users (id, aud, role, email)"
-        " select u, 'authenticated', 'authenticated', u::text || '@bench.test'"
-        " from unnest(%s::uuid[]) u",
-        (owners,),
-    )
+    common.insert_users(admin, owners)
     due_sessions = [(uuid.uuid4(), owners[i % users]) for i in range(due)]
     live_sessions = [(uuid.uuid4(), owner) for owner in owners]
     with admin.transaction():
