@@ -20,6 +20,16 @@ $$;
 -- The connecting role switches to these per request, as PostgREST does.
 grant anon, authenticated, service_role to current_user;
 
+-- What a Supabase project grants on what its owner creates in `public`
+-- (its init scripts' default privileges): everything, to the Data API's
+-- roles. Migrations revoke what they must (tests see what production sees).
+grant usage on schema public to anon, authenticated, service_role;
+alter default privileges in schema public grant all on tables to anon, authenticated, service_role;
+alter default privileges in schema public
+  grant all on sequences to anon, authenticated, service_role;
+alter default privileges in schema public
+  grant all on functions to anon, authenticated, service_role;
+
 -- Supabase installs extensions (pgvector among them) into `extensions`.
 create schema if not exists extensions;
 grant usage on schema extensions to anon, authenticated, service_role;

@@ -22,6 +22,7 @@ from memchat.db import Database
 from memchat.devdb import quiet_runtime_dir
 from memchat.migrate import migrate
 from memchat.model.client import ModelClient
+from memchat.throttle import Bucket
 from tests.utils.analytics_data import Fresh, fresh_database
 from tests.utils.api import ApiClient
 from tests.utils.dev_server import DevServer, dev_server
@@ -141,8 +142,8 @@ def make_settings(database_url: str, model_url: str, **overrides: object) -> Set
         "openai_max_retries": 0,
         "openai_timeout_seconds": 5,
         "db_max_connections": 30,
-        # Tests run many turns a second; the throttle has its own tests.
-        "chat_rate_per_minute": 0,
+        # Tests run many requests a second; the throttles have their own tests.
+        **{f"{bucket.value}_rate_per_minute": 0 for bucket in Bucket},
     }
     values.update(overrides)
     return load_settings(**values)

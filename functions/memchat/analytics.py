@@ -1,12 +1,18 @@
 """The operator's analytics (`memchat stats`): the `memchat_analytics` views.
 
-Every number comes from the views of migration *_feedback_stats.sql;
-docs/analytics.md says what each view and column means. The views run with
-the reader's rights (`security_invoker`), so they are read in one read-only
-transaction that first switches to `memchat_analyst` (`set local role`): what
-`memchat stats` shows is exactly what the operator role may see. A login that
-cannot switch to it (not a member) reads with its own rights instead, and the
-report says so. The views carry no message text, and nothing here logs.
+Every number comes from the views of migration
+*_analytics_without_content.sql; docs/analytics.md says what each view and
+column means. The views run with their owner's rights and carry numbers
+only (counts, tokens, latencies, ratings, timings, model and agent names;
+users and sessions as keyed hashes, none of which this report reads): no
+text a user wrote, and no id. Reading them takes select on the views, which
+`memchat_analyst` has and nothing else, so they are read in one read-only
+transaction that first switches to it (`set local role`): what
+`memchat stats` shows is exactly what the operator role may see. A login
+that cannot switch to it (not a member) reads with its own rights instead,
+and the report says so: the views' owner (the project's `postgres`) sees
+the same rows, a login without select on the views is refused. Nothing
+here logs.
 
 The day-by-day views are read for the last `days` days (UTC, today
 included), and those that have an `agent_name` for one agent when asked.

@@ -117,7 +117,8 @@ stop` stops it.
 It prints the model it answers with (OPENAI_MODEL at OPENAI_BASE_URL, the key
 masked; the offline responder without OPENAI_API_KEY), and refuses to start
 (exit code 1) when --port is taken. Logs go to stderr, one line per request
-(method, route, status, duration, request id, user id); LOG_LEVEL=DEBUG adds
+(method, route, status, duration, request id, user id, and the client's
+X-Request-ID when it is safe); LOG_LEVEL=DEBUG adds
 an unexpected error's frames, never a request's content.
 """
 

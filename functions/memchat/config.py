@@ -141,6 +141,9 @@ class Settings(BaseModel):
     openai_model: str = "gpt-4o-mini"
     openai_timeout_seconds: float = Field(default=60.0, gt=0)
     openai_max_retries: int = Field(default=2, ge=0, le=10)
+    # The longest answer one model call may write (`max_tokens`), so no
+    # request can spend the model budget without bound.
+    openai_max_tokens: int = Field(default=2048, ge=16, le=200_000)
     # The whole model conversation of a turn (all tool rounds and retries):
     # API Gateway gives up after 30 s, so answer 504 before it does.
     turn_timeout_seconds: float = Field(default=25.0, gt=0)
@@ -195,6 +198,18 @@ class Settings(BaseModel):
     # a minute on average, up to CHAT_RATE_BURST at once. 0 disables it.
     chat_rate_per_minute: float = Field(default=20, ge=0, le=100_000)
     chat_rate_burst: int = Field(default=10, ge=1, le=100_000)
+    # The same for every other write and costly read, one bucket per kind
+    # (memchat.throttle says which request uses which): notes, clear-session
+    # and feedback; one session's export (the chat page reloads with it) and
+    # the stats; the whole account's export; and DELETE /me (a few an hour).
+    write_rate_per_minute: float = Field(default=60, ge=0, le=100_000)
+    write_rate_burst: int = Field(default=30, ge=1, le=100_000)
+    read_rate_per_minute: float = Field(default=60, ge=0, le=100_000)
+    read_rate_burst: int = Field(default=30, ge=1, le=100_000)
+    export_rate_per_minute: float = Field(default=6, ge=0, le=100_000)
+    export_rate_burst: int = Field(default=3, ge=1, le=100_000)
+    erase_rate_per_minute: float = Field(default=0.1, ge=0, le=100_000)
+    erase_rate_burst: int = Field(default=2, ge=1, le=100_000)
     # Supabase anonymous sign-ins (is_anonymous: true) carry role=authenticated
     # too; they are refused (401) unless this is set.
     allow_anonymous_users: bool = False
@@ -203,6 +218,12 @@ class Settings(BaseModel):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
     # Connections held by one process: 1 in Lambda (one request at a time).
     db_max_connections: int = Field(default=1, ge=1, le=100)
+    # Set in every request's transaction, so one bad request can hold neither
+    # a statement nor an open transaction (an export to a reader that stalls)
+    # without bound. The login roles carry looser ones as a floor (migration
+    # *_hardening.sql).
+    db_statement_timeout_ms: int = Field(default=15_000, ge=100, le=600_000)
+    db_idle_in_transaction_timeout_ms: int = Field(default=60_000, ge=100, le=3_600_000)
 
     @field_validator(
         "supabase_url", "supabase_jwt_secret", "openai_api_key", "openai_base_url", mode="before"

@@ -21,41 +21,93 @@ import json
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from memchat.errors import DatabaseUnavailable, Unauthorized
+from memchat.errors import (
+    DatabasePermissionDenied,
+    DatabaseUnavailable,
+    MemchatError,
+    RateLimited,
+    Unauthorized,
+)
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
 
+    from memchat.config import Settings
+    from memchat.throttle import Bucket, Rate
+
 # The role every user request runs as (migration *_least_privilege.sql).
 REQUEST_ROLE = "memchat_user"
 
-# `set local role` + the claims (+ UTC timestamps in JSON built by the
-# database), in one statement. Supabase's auth.uid() and auth.role() read the
-# legacy per-claim settings first: they are set per transaction too, so a
-# value left on a pooled server connection can never stand in for the caller.
+# `set local role` + the claims + the request's timeouts (+ UTC timestamps in
+# JSON built by the database), in one statement. Supabase's auth.uid() and
+# auth.role() read the legacy per-claim settings first: they are set per
+# transaction too, so a value left on a pooled server connection can never
+# stand in for the caller.
 SET_CLAIMS = (
     "select set_config('role', %(role)s, true), "
     "set_config('request.jwt.claims', %(claims)s, true), "
     "set_config('request.jwt.claim.sub', %(sub)s, true), "
     "set_config('request.jwt.claim.role', %(claim_role)s, true), "
     "set_config('request.jwt.claim', '', true), "
+    "set_config('statement_timeout', %(statement_timeout)s, true), "
+    "set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, true), "
     "set_config('timezone', 'UTC', true)"
 )
 
 
-def claims_params(claims: Mapping[str, Any]) -> dict[str, str]:
+@dataclass(frozen=True)
+class RequestLimits:
+    """What every user request's transaction is held to: its timeouts
+    (DB_STATEMENT_TIMEOUT_MS, DB_IDLE_IN_TRANSACTION_TIMEOUT_MS) and the
+    rates of the throttles (memchat.throttle)."""
+
+    statement_timeout_ms: int = 15_000
+    idle_in_transaction_timeout_ms: int = 60_000
+    rates: Mapping[Bucket, Rate] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RequestLimits:
+        from memchat.throttle import rates
+
+        return cls(
+            statement_timeout_ms=settings.db_statement_timeout_ms,
+            idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
+            rates=rates(settings),
+        )
+
+    def rate(self, bucket: Bucket) -> Rate:
+        from memchat.throttle import OFF
+
+        return self.rates.get(bucket, OFF)
+
+
+DEFAULT_LIMITS = RequestLimits()
+
+
+def claims_params(
+    claims: Mapping[str, Any], limits: RequestLimits = DEFAULT_LIMITS
+) -> dict[str, str]:
     """The parameters of SET_CLAIMS for a caller's verified claims."""
     return {
         "role": REQUEST_ROLE,
         "claims": json.dumps(claims),
         "sub": str(claims.get("sub", "")),
         "claim_role": str(claims.get("role", "")),
+        "statement_timeout": str(limits.statement_timeout_ms),
+        "idle_timeout": str(limits.idle_in_transaction_timeout_ms),
     }
+
+
+# Takes a token from the caller's bucket, or raises SQLSTATE MC429 (its
+# DETAIL: the seconds to wait), which aborts the whole transaction.
+THROTTLE = "select memchat.throttle(%s, %s, %s)"
+RATE_LIMITED_SQLSTATE = "MC429"
 
 
 USER_EXISTS = "select memchat.current_user_exists()"
@@ -70,6 +122,23 @@ def _require_user(row: tuple[Any, ...] | None) -> None:
         raise Unauthorized("This account no longer exists; sign in again.")
 
 
+def refusal(exc: psycopg.Error) -> MemchatError | None:
+    """A statement the database refused for who the caller is, as the API's
+    error: the throttle (429), or a permission the API's role lacks (a
+    logged 500: a bad migration, never the caller's doing). None otherwise."""
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return DatabasePermissionDenied.of(exc)
+    if exc.sqlstate != RATE_LIMITED_SQLSTATE:
+        return None
+    from memchat.throttle import describe
+
+    try:
+        seconds = float(exc.diag.message_detail or 1)
+    except ValueError:
+        seconds = 1.0
+    return RateLimited(seconds, describe(exc.diag.message_primary or ""))
+
+
 def connect_kwargs() -> dict[str, Any]:
     """Options every connection needs to work behind a transaction pooler."""
     return {"autocommit": True, "prepare_threshold": None, "connect_timeout": 10}
@@ -78,9 +147,12 @@ def connect_kwargs() -> dict[str, Any]:
 class Database:
     """A small set of reusable async connections (one in Lambda)."""
 
-    def __init__(self, conninfo: str, max_connections: int = 1) -> None:
+    def __init__(
+        self, conninfo: str, max_connections: int = 1, limits: RequestLimits = DEFAULT_LIMITS
+    ) -> None:
         self._conninfo = conninfo
         self._max = max_connections
+        self.limits = limits
         self._idle: list[tuple[AsyncConnection[Any], float]] = []
         self._slots: asyncio.Semaphore | None = None
         self._slots_loop: asyncio.AbstractEventLoop | None = None
@@ -144,7 +216,7 @@ class Database:
 
     @asynccontextmanager
     async def pipeline(
-        self, claims: Mapping[str, Any] | None
+        self, claims: Mapping[str, Any] | None, *, throttle: Bucket | None = None
     ) -> AsyncIterator[AsyncConnection[Any]]:
         """One atomic unit of work in one round trip.
 
@@ -153,7 +225,9 @@ class Database:
         the work runs as `memchat_user` for that user (and raises
         Unauthorized if the user no longer exists; every table references
         auth.users, so such a request cannot have written anything); with
-        None, as the connecting role (cleanup, migrations, tests).
+        None, as the connecting role (cleanup, migrations, tests). With
+        `throttle`, the work first takes a token from the caller's bucket,
+        or raises RateLimited and does nothing.
 
         Example:
             async with db.pipeline(user.claims) as conn:
@@ -162,33 +236,57 @@ class Database:
             (count,) = await cur.fetchone()
         """
         async with self.connection() as conn:
-            async with conn.pipeline():
-                check = None
-                if claims is not None:
-                    await conn.execute(SET_CLAIMS, claims_params(claims))
-                    check = conn.cursor()
-                    await check.execute(USER_EXISTS)
-                yield conn
+            try:
+                async with conn.pipeline():
+                    check = None
+                    if claims is not None:
+                        await conn.execute(SET_CLAIMS, claims_params(claims, self.limits))
+                        check = conn.cursor()
+                        await check.execute(USER_EXISTS)
+                        await self._throttle(conn, throttle)
+                    yield conn
+            except psycopg.Error as exc:
+                raise refusal(exc) or exc from exc
             if check is not None:
                 _require_user(await check.fetchone())
 
+    async def _throttle(self, conn: AsyncConnection[Any], bucket: Bucket | None) -> None:
+        rate = self.limits.rate(bucket) if bucket is not None else None
+        if bucket is not None and rate is not None and rate.on:
+            await conn.execute(THROTTLE, (bucket.value, rate.per_minute, rate.burst))
+
     @asynccontextmanager
     async def transaction(
-        self, claims: Mapping[str, Any] | None, *, snapshot: bool = False
+        self,
+        claims: Mapping[str, Any] | None,
+        *,
+        snapshot: bool = False,
+        throttle: Bucket | None = None,
     ) -> AsyncIterator[AsyncConnection[Any]]:
         """An explicit transaction for work that reads between statements.
 
         `snapshot=True`: read-only and REPEATABLE READ, so a long read (an
-        export) sees one consistent state however long it streams.
+        export) sees one consistent state however long it streams. Its
+        `throttle` token is taken first, in a transaction of its own (a
+        read-only one cannot take it).
         """
-        async with self.connection() as conn, conn.transaction():
-            if snapshot:
-                await conn.execute("set transaction isolation level repeatable read, read only")
-            if claims is not None:
-                await conn.execute(SET_CLAIMS, claims_params(claims))
-                cur = await conn.execute(USER_EXISTS)
-                _require_user(await cur.fetchone())
-            yield conn
+        if throttle is not None and claims is not None:
+            async with self.pipeline(claims, throttle=throttle):
+                pass
+        async with self.connection() as conn:
+            try:
+                async with conn.transaction():
+                    if snapshot:
+                        await conn.execute(
+                            "set transaction isolation level repeatable read, read only"
+                        )
+                    if claims is not None:
+                        await conn.execute(SET_CLAIMS, claims_params(claims, self.limits))
+                        cur = await conn.execute(USER_EXISTS)
+                        _require_user(await cur.fetchone())
+                    yield conn
+            except psycopg.Error as exc:
+                raise refusal(exc) or exc from exc
 
     async def close(self) -> None:
         idle, self._idle = self._idle, []

@@ -97,9 +97,9 @@ class RateLimited(MemchatError):
     status, code = 429, "rate_limited"
     detail = "Too many chat messages; please wait a moment."
 
-    def __init__(self, retry_after: float, detail: str | None = None) -> None:
+    def __init__(self, retry_after: float, what: str = "chat messages") -> None:
         self.retry_after = max(1, math.ceil(retry_after))
-        super().__init__(detail or f"Too many chat messages; retry in {self.retry_after} s.")
+        super().__init__(f"Too many {what}; retry in {self.retry_after} s.")
 
     @property
     def headers(self) -> dict[str, str]:
@@ -109,6 +109,31 @@ class RateLimited(MemchatError):
 class UpstreamError(MemchatError):
     status, code = 502, "model_upstream_error"
     detail = "The model provider failed to answer; nothing was stored. Please retry."
+
+
+class DatabasePermissionDenied(MemchatError):
+    """The database refused one of the API's own statements (a missing grant or
+    policy after a bad migration): our fault, logged with what was refused."""
+
+    status, code = 500, "internal_error"
+
+    @classmethod
+    def of(cls, exc: Exception) -> DatabasePermissionDenied:
+        import logging
+
+        diag = getattr(exc, "diag", None)
+        # PostgreSQL's own sentence ("permission denied for table x", "new row
+        # violates row-level security policy for table x") names objects,
+        # never values.
+        logging.getLogger("memchat.db").error(
+            "database permission denied: check the migrations' grants and policies",
+            extra={
+                "sqlstate": getattr(exc, "sqlstate", None),
+                "db_error": getattr(diag, "message_primary", None),
+                "db_table": getattr(diag, "table_name", None),
+            },
+        )
+        return cls()
 
 
 class DatabaseUnavailable(MemchatError):

@@ -4,12 +4,15 @@
   `memchat.api.main.RequestContext` when the response has ended, a streamed
   one included) with the fields `method`, `route` (the route's template, e.g.
   /chat/export/{session_id}: never the raw path or its query string),
-  `status`, `duration_ms`, `request_id` and `user_id` (the verified token's
-  `sub`, when authentication succeeded). Deployed, Powertools writes it as
-  one JSON object (memchat.observability); in `memchat dev`, `DevFormatter`
-  writes it as an access line:
+  `status`, `duration_ms`, `request_id` (memchat's own: API Gateway's
+  request id, else a generated one), `user_id` (the verified token's `sub`,
+  when authentication succeeded) and, when the client sent an X-Request-ID
+  that matches `^[A-Za-z0-9._:-]{1,64}$`, `client_request_id` (any other is
+  neither logged nor used). Deployed, Powertools writes it as one JSON
+  object (memchat.observability); in `memchat dev`, `DevFormatter` writes
+  it as an access line:
 
-      18:20:31 POST /chat 200 412.3 ms req=0c1f… user=6f0c2a34-…
+      18:20:31 POST /chat 200 412.3 ms req=0c1f… user=6f0c2a34-… client_req=web-7
 
 - An unexpected error (`UNEXPECTED`) is logged with `error_fields(exc)`: its
   type, where it was raised (module, line, function) and the deepest frame of
@@ -171,13 +174,16 @@ _NOT_AS_FIELDS = {
 
 
 def access_line(fields: dict[str, Any]) -> str:
-    """`POST /chat 200 412.3 ms req=… user=…` from an access record's fields."""
+    """`POST /chat 200 412.3 ms req=… user=…` from an access record's fields,
+    then `client_req=…` when the client sent its own (safe) id."""
     status = fields.get("status") or "-"
     line = (
         f"{fields.get('method', '?')} {fields.get('route') or '(no route)'} {status}"
         f" {float(fields.get('duration_ms') or 0):.1f} ms"
         f" req={fields.get('request_id') or '-'} user={fields.get('user_id') or '-'}"
     )
+    if fields.get("client_request_id"):
+        line += f" client_req={fields['client_request_id']}"
     if fields.get("client_gone"):
         line += " (client gone)"
     return line

@@ -7,10 +7,10 @@ header of the same or a higher level.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-_HEADER = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
+_BLANKS = " \t"
+_CLOSING = " \t#"  # what may trail a header's text: spaces, tabs, closing #s
 
 OPERATIONS = (
     "read",
@@ -34,31 +34,65 @@ class Section:
     level: int
 
 
+@dataclass(frozen=True)
+class Header:
+    level: int  # the number of #s, 1 to 6
+    text: str  # what follows them, closing #s and trailing blanks dropped
+
+
+def parse_header(line: str) -> Header | None:
+    """The ATX header on `line`, or None: 1 to 6 #s, at least one space or
+    tab, then the text, less any trailing spaces, tabs and closing #s (but
+    never less than its first character).
+
+    Linear in the line's length, where a backtracking regex for the same rule
+    is quadratic on a long line of #s or blanks. It answers exactly what
+    `^(#{1,6})[ \t]+(.+?)[ \t#]*$` matched before, oddities included ("#  "
+    is a header whose text is one space), so stored notes keep their sections.
+    """
+    if line.endswith("\n"):  # `$` matched before one final newline
+        line = line[:-1]
+    if "\n" in line:
+        return None
+    text = line.lstrip("#")
+    level = len(line) - len(text)
+    if not 1 <= level <= 6:
+        return None
+    title = text.lstrip(_BLANKS)
+    blanks = len(text) - len(title)
+    if not blanks:
+        return None
+    if not title:
+        # Only blanks after the #s: the text is the last blank, if one is left.
+        return Header(level, text[-1]) if blanks > 1 else None
+    kept = max(1, len(title.rstrip(_CLOSING)))
+    return Header(level, title[:kept])
+
+
 def _normalise(header: str) -> str:
-    match = _HEADER.match(header.strip())
-    text = match.group(2) if match else header.strip()
+    parsed = parse_header(header.strip())
+    text = parsed.text if parsed else header.strip()
     return " ".join(text.split()).casefold()
 
 
 def find_section(lines: list[str], header: str) -> Section | None:
     wanted = _normalise(header)
     for index, line in enumerate(lines):
-        match = _HEADER.match(line)
-        if match and _normalise(match.group(2)) == wanted:
-            level = len(match.group(1))
+        parsed = parse_header(line)
+        if parsed and _normalise(parsed.text) == wanted:
             end = index + 1
             while end < len(lines):
-                other = _HEADER.match(lines[end])
-                if other and len(other.group(1)) <= level:
+                other = parse_header(lines[end])
+                if other and other.level <= parsed.level:
                     break
                 end += 1
-            return Section(index, end, level)
+            return Section(index, end, parsed.level)
     return None
 
 
 def _header_line(header: str) -> str:
     header = header.strip()
-    return header if _HEADER.match(header) else f"## {header}"
+    return header if parse_header(header) else f"## {header}"
 
 
 def _join(*parts: str) -> str:
@@ -68,8 +102,8 @@ def _join(*parts: str) -> str:
 def _body(content: str, header: str) -> str:
     """The section body; a model often repeats the section's header as its first line."""
     lines = content.strip("\n").split("\n")
-    first = _HEADER.match(lines[0])
-    if first and _normalise(first.group(2)) == _normalise(header):
+    first = parse_header(lines[0])
+    if first and _normalise(first.text) == _normalise(header):
         lines = lines[1:]
     return "\n".join(lines).strip("\n")
 

@@ -20,7 +20,8 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from memchat.db import REQUEST_ROLE, Database, connect_kwargs
+from memchat import messages
+from memchat.db import REQUEST_ROLE, Database, connect_kwargs, refusal
 from memchat.errors import (
     Conflict,
     IdempotencyConflict,
@@ -31,6 +32,7 @@ from memchat.errors import (
     SessionNotFound,
     Unauthorized,
 )
+from memchat.throttle import OFF, Bucket, Rate
 
 # Raised by the migrations' SQL functions and triggers.
 NOTES_CONFLICT_SQLSTATE = "MC409"
@@ -138,14 +140,6 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Throttle:
-    """The per-user chat throttle: a token bucket kept in the database."""
-
-    per_minute: float  # 0: off
-    burst: int
-
-
-@dataclass(frozen=True)
 class Summary:
     """A session's rolling summary, as a turn may show it (no hole before the window)."""
 
@@ -208,18 +202,14 @@ def _translate(exc: psycopg.Error) -> Exception:
         return InvalidInput()
     if isinstance(exc, pg_errors.ForeignKeyViolation):
         return Unauthorized("This account no longer exists.")
-    if isinstance(exc, pg_errors.InsufficientPrivilege):
-        # RLS refused a write: the row belongs to someone else.
-        return SessionNotFound()
-    return exc
+    return refusal(exc) or exc
 
 
 # ------------------------------------------------------------ chat turns
 
 # Both halves of a turn are SQL functions (migration *_turn_functions.sql):
 # PL/pgSQL caches their plans per server connection, pooler-safe.
-LOAD_CONTEXT = "select memchat.load_context(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-NO_THROTTLE = Throttle(0, 1)
+LOAD_CONTEXT = "select memchat.load_context(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
 
 async def load_context(
@@ -232,18 +222,21 @@ async def load_context(
     read_notes: bool = True,
     client_message_id: str | None = None,
     message: str | None = None,
-    throttle: Throttle = NO_THROTTLE,
+    throttle: Rate = OFF,
     claim_seconds: float = 60.0,
+    read_max: int = 0,
 ) -> Context:
-    """Resolve the session and read notes + the last `window` messages.
+    """Resolve the session and read notes + the last `window` messages, and
+    the session's summary with the messages it does not cover yet when up to
+    `read_max` messages reach back to it (then the window is longer than
+    `window`; else the summary is left out).
 
-    With `throttle` on, the turn takes a token from the caller's bucket.
+    With `throttle` on, the turn takes a token from the caller's chat bucket.
     With `client_message_id`, a stored turn with that key is returned as
     `replay`; otherwise the key is claimed for `claim_seconds` (until
     `record_turn` or `release_claim`).
 
-    Raises SessionNotFound when `session_id` is another user's,
-    IdempotencyConflict when the key was used with another `message`,
+    Raises IdempotencyConflict when the key was used with another `message`,
     IdempotencyInFlight while another request answers the same key, RateLimited
     when the caller is out of tokens.
     """
@@ -257,6 +250,7 @@ async def load_context(
         throttle.per_minute,
         throttle.burst,
         claim_seconds,
+        read_max,
     )
     try:
         async with db.pipeline(caller.claims) as conn:
@@ -268,8 +262,6 @@ async def load_context(
     row = await cur.fetchone()
     assert row is not None
     result = row[0]
-    if result.get("taken"):
-        raise SessionNotFound()
     if result.get("idempotency") == "in_flight":
         raise IdempotencyInFlight()
     if result.get("idempotency") == "conflict":
@@ -333,7 +325,8 @@ _POINT_ACTIVE = """
 insert into public.user_agent_active_sessions as a
     (user_id, agent_name, active_session_id, last_active_at)
 select s.user_id, s.agent_name, s.id, now()
-  from public.chat_sessions s where s.id = %(session_id)s
+  from public.chat_sessions s
+ where s.user_id = (select auth.uid()) and s.id = %(session_id)s
 on conflict (user_id, agent_name) do update set
     active_session_id = excluded.active_session_id,
     last_active_at = excluded.last_active_at
@@ -522,20 +515,33 @@ async def save_notes(
     expected_version: int | None = None,
 ) -> Notes:
     """Replace the notes; with `expected_version`, only if still at that version."""
+    _, saved = await _write_notes(
+        db, caller, agent_name, _SAVE_NOTES, (agent_name, notes, expected_version)
+    )
+    return saved
+
+
+async def _write_notes(
+    db: Database, caller: Caller, agent_name: str, statement: str, params: tuple[Any, ...]
+) -> tuple[Any, Notes]:
+    """Run a notes-writing function (a write: throttled) and read the notes
+    back in the same round trip: (the function's result, the notes now)."""
     try:
-        async with db.pipeline(caller.claims) as conn:
-            await conn.execute(_SAVE_NOTES, (agent_name, notes, expected_version))
+        async with db.pipeline(caller.claims, throttle=Bucket.WRITE) as conn:
+            written = conn.cursor()
+            await written.execute(statement, params)
             cur = conn.cursor()
             await cur.execute(_READ_NOTES, (agent_name,))
     except psycopg.Error as exc:
         raise _translate(exc) from exc
+    result = await written.fetchone()
     row = await cur.fetchone()
-    assert row is not None
-    return _notes_from_json(agent_name, row[0])
+    return (result[0] if result else None), _notes_from_json(agent_name, row[0] if row else None)
 
 
 async def delete_notes(db: Database, caller: Caller, agent_name: str) -> bool:
-    async with db.pipeline(caller.claims) as conn:
+    """Forget the agent's notes about the caller, and their earlier versions."""
+    async with db.pipeline(caller.claims, throttle=Bucket.WRITE) as conn:
         cur = conn.cursor()
         await cur.execute(
             "delete from public.agent_long_term_memory"
@@ -543,6 +549,47 @@ async def delete_notes(db: Database, caller: Caller, agent_name: str) -> bool:
             (agent_name,),
         )
     return cur.rowcount > 0
+
+
+@dataclass(frozen=True)
+class NotesVersion:
+    version: int
+    notes: str
+    created_at: datetime
+
+
+_NOTES_VERSIONS = """
+select v.version, v.notes, v.created_at from memchat.notes_versions v
+ where v.user_id = (select auth.uid()) and v.agent_name = %s
+ order by v.version desc
+"""
+
+
+async def notes_versions(db: Database, caller: Caller, agent_name: str) -> list[NotesVersion]:
+    """The kept versions of the caller's notes for an agent, newest (the current) first."""
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(_NOTES_VERSIONS, (agent_name,))
+    return [NotesVersion(r[0], r[1], r[2]) for r in await cur.fetchall()]
+
+
+_RESTORE_NOTES = "select memchat.restore_notes(%s, %s, %s)"
+
+
+async def restore_notes(
+    db: Database,
+    caller: Caller,
+    agent_name: str,
+    version: int,
+    expected_version: int | None = None,
+) -> Notes | None:
+    """Set the notes back to a kept version's text (as a new version); with
+    `expected_version`, only if still at that version. None when that version
+    is not kept."""
+    version, restored = await _write_notes(
+        db, caller, agent_name, _RESTORE_NOTES, (agent_name, version, expected_version)
+    )
+    return restored if version is not None else None
 
 
 # ------------------------------------------------------------- sessions
@@ -557,7 +604,8 @@ _SESSION_JSON = "to_jsonb(s)"
 _CLEAR_LOCK = """
 select s.id, set_config('memchat.clear_target', s.id::text, true)
   from public.chat_sessions s
- where s.id = coalesce(%(session_id)s::uuid,
+ where s.user_id = (select auth.uid())
+   and s.id = coalesce(%(session_id)s::uuid,
        (select a.active_session_id from public.user_agent_active_sessions a
          where a.user_id = (select auth.uid()) and a.agent_name = %(agent_name)s))
    for update
@@ -566,20 +614,23 @@ _TARGET = sql.SQL("nullif(current_setting('memchat.clear_target', true), '')::uu
 
 _CLEAR_MESSAGES = sql.SQL(
     "with d as (delete from public.chat_message_history h"
-    " where h.session_id = {target} returning 1) select count(*) from d"
+    " where h.user_id = (select auth.uid()) and h.session_id = {target}"
+    " returning 1) select count(*) from d"
 ).format(target=_TARGET)
 _CLEAR_MARK = sql.SQL(
     "update public.chat_sessions set status = 'cleared', message_count = 0,"
     " title = null, summary = null, summary_covers_until = null,"
-    " summary_covers_count = 0, summary_updated_at = null where id = {target}"
+    " summary_covers_count = 0, summary_updated_at = null"
+    " where user_id = (select auth.uid()) and id = {target}"
 ).format(target=_TARGET)
-_CLEAR_QUEUE = sql.SQL("delete from memchat.summary_queue where session_id = {target}").format(
-    target=_TARGET
-)
+_CLEAR_QUEUE = sql.SQL(
+    "delete from memchat.summary_queue"
+    " where user_id = (select auth.uid()) and session_id = {target}"
+).format(target=_TARGET)
 _CLEAR_NEW_SESSION = sql.SQL(
     "insert into public.chat_sessions as s (id, user_id, agent_name, expires_at)"
     " select %(new_id)s, %(user_id)s, t.agent_name, memchat.session_expiry(%(ttl)s)"
-    " from public.chat_sessions t where t.id = {target}"
+    " from public.chat_sessions t where t.user_id = %(user_id)s and t.id = {target}"
     " returning {session}"
 ).format(target=_TARGET, session=sql.SQL(_SESSION_JSON))
 
@@ -607,7 +658,7 @@ async def clear_session(
         "user_id": caller.user_id,
         "ttl": ttl,
     }
-    async with db.pipeline(caller.claims) as conn:
+    async with db.pipeline(caller.claims, throttle=Bucket.WRITE) as conn:
         target = conn.cursor()
         await target.execute(_CLEAR_LOCK, params)
         deleted = conn.cursor()
@@ -641,7 +692,7 @@ _LIST_SESSIONS = sql.SQL(
 
 _ACTIVE_SESSION = sql.SQL(
     "select {session} from public.user_agent_active_sessions a"
-    " join public.chat_sessions s on s.id = a.active_session_id"
+    " join public.chat_sessions s on s.id = a.active_session_id and s.user_id = a.user_id"
     " where a.user_id = (select auth.uid()) and a.agent_name = %s"
     "   and s.status = 'active' and s.expires_at > now()"
 ).format(session=sql.SQL(_SESSION_JSON))
@@ -699,14 +750,16 @@ _MESSAGE_EXPORT_JSON = """(jsonb_build_object(
 
 EXPORT_BATCH = 2000
 
-_EXPORT_SESSION = sql.SQL("select {session} from public.chat_sessions s where s.id = %s").format(
-    session=sql.SQL(_SESSION_JSON)
-)
+_EXPORT_SESSION = sql.SQL(
+    "select {session} from public.chat_sessions s"
+    " where s.user_id = (select auth.uid()) and s.id = %s"
+).format(session=sql.SQL(_SESSION_JSON))
 
 _EXPORT_MESSAGES = sql.SQL(
     "select h.id, {message} from public.chat_message_history h"
     " left join memchat.message_feedback f on f.message_id = h.id"
-    " where h.session_id = %s and h.id > %s order by h.id limit %s"
+    " where h.user_id = (select auth.uid()) and h.session_id = %s and h.id > %s"
+    " order by h.id limit %s"
 ).format(message=sql.SQL(_MESSAGE_EXPORT_JSON))
 
 _EXPORT_SESSIONS = sql.SQL(
@@ -780,7 +833,12 @@ async def export_account_extras(
     cur = await conn.execute(
         "select coalesce(jsonb_agg(jsonb_build_object("
         "  'agent_name', m.agent_name, 'notes', m.notes, 'version', m.version,"
-        "  'created_at', m.created_at, 'updated_at', m.updated_at)"
+        "  'created_at', m.created_at, 'updated_at', m.updated_at,"
+        "  'earlier_versions', (select coalesce(jsonb_agg(jsonb_build_object("
+        "     'version', v.version, 'notes', v.notes, 'created_at', v.created_at)"
+        "     order by v.version desc), '[]'::jsonb) from memchat.notes_versions v"
+        "   where v.user_id = m.user_id and v.agent_name = m.agent_name"
+        "     and v.version < m.version))"
         "  order by m.agent_name), '[]'::jsonb)"
         " from public.agent_long_term_memory m where m.user_id = (select auth.uid())"
     )
@@ -801,7 +859,7 @@ async def delete_user_data(db: Database, caller: Caller) -> dict[str, int]:
         "long_term_memory": "agent_long_term_memory",
     }
     cursors = {}
-    async with db.pipeline(caller.claims) as conn:
+    async with db.pipeline(caller.claims, throttle=Bucket.ERASE) as conn:
         for key, table in tables.items():
             cursors[key] = conn.cursor()
             await cursors[key].execute(
@@ -810,13 +868,9 @@ async def delete_user_data(db: Database, caller: Caller) -> dict[str, int]:
                     " returning 1) select count(*) from d"
                 ).format(sql.Identifier(table))
             )
-        # Not content, but keyed by the user: the throttle and any turn claims.
-        for table in ("chat_rate", "turn_claims"):
-            await conn.execute(
-                sql.SQL("delete from memchat.{} where user_id = (select auth.uid())").format(
-                    sql.Identifier(table)
-                )
-            )
+        # Not content, but keyed by the user: any turn claims. The throttles
+        # stay (memchat.throttle): deleting must not reset them.
+        await conn.execute("delete from memchat.turn_claims where user_id = (select auth.uid())")
     counts = {}
     for key, cur in cursors.items():
         row = await cur.fetchone()
@@ -836,43 +890,26 @@ def dumps(value: Any) -> str:
 
 
 # ------------------------------------------------------------ summaries
-# The worker (usecases/summarize.py) logs in as `memchat_worker`: the queue
-# statements below run as that role and see ids only; everything about a
-# session runs as its owner (`caller`), under RLS, like an API request.
+# The worker (usecases/summarize.py) logs in as `memchat_worker`, which may
+# only call the memchat.summary_* functions (migration *_hardening.sql): a
+# claim leases due queue items, and every later call names its item by that
+# lease, so the worker can read and write only the sessions the queue hands
+# it, and only while its lease lives.
 
-_CLAIM_DUE = """
-update memchat.summary_queue q
-   set next_attempt_at = now() + make_interval(secs => %(lease)s)
- where q.session_id in (
-       select d.session_id from memchat.summary_queue d
-        where d.next_attempt_at <= now()
-        order by d.next_attempt_at
-        limit %(limit)s
-          for update skip locked)
-returning q.session_id, q.user_id, q.attempts
-"""
-_SUMMARY_LAG = """
-select extract(epoch from now() - min(q.due_since))
-  from memchat.summary_queue q where q.next_attempt_at <> 'infinity'
-"""
-_SUMMARY_FAILED = """
-update memchat.summary_queue
-   set attempts = %(attempts)s,
-       next_attempt_at = case when %(retry_in)s::float8 is null then 'infinity'::timestamptz
-                              else now() + make_interval(secs => %(retry_in)s::float8) end
- where session_id = %(session_id)s
-"""
-SUMMARY_SOURCE = "select memchat.summary_source(%s, %s, %s)"
-SAVE_SUMMARY = "select memchat.save_summary(%s, %s, %s, %s, %s)"
-_SETTLE_SUMMARY = "select memchat.settle_summary(%s, null)"
+_CLAIM_DUE = "select memchat.summary_claim(%(limit)s, %(lease)s)"
+_SUMMARY_LAG = "select memchat.summary_lag()"
+_SUMMARY_SOURCE = "select memchat.summary_source(%s, %s, %s)"
+_SAVE_SUMMARY = "select memchat.summary_save(%s, %s, %s, %s)"
+_SUMMARY_DONE = "select memchat.summary_done(%s, %s)"
+_SUMMARY_FAILED = "select memchat.summary_failed(%s, %s)"
 
 
 @dataclass(frozen=True)
 class DueSummary:
-    """A session the worker claimed, and whose it is."""
+    """A queue item the worker leased: which session, how often it failed so far."""
 
+    lease: uuid.UUID
     session_id: uuid.UUID
-    user_id: uuid.UUID
     attempts: int  # failures in a row so far
 
 
@@ -887,90 +924,81 @@ class SourceMessage:
 class SummarySource:
     """What one refresh summarizes: the summary so far, the messages after it."""
 
-    session_id: uuid.UUID
+    lease: uuid.UUID
     summary: str | None
     covers_until: int | None
     messages: list[SourceMessage]
     boundary: int  # the last message id the refresh covers
 
 
+async def _worker_call(db: Database, query: str, params: Any) -> Any:
+    async with db.pipeline(None) as conn:
+        cur = conn.cursor()
+        await cur.execute(query, params)
+    row = await cur.fetchone()
+    return row[0] if row else None
+
+
 async def claim_due_summaries(
     db: Database, *, limit: int, lease_seconds: float
 ) -> list[DueSummary]:
-    """Lease up to `limit` due sessions for `lease_seconds` (FOR UPDATE SKIP LOCKED
+    """Lease up to `limit` due items for `lease_seconds` (FOR UPDATE SKIP LOCKED
     in one short transaction: another worker skips them; a turn never waits
     longer than this statement)."""
-    async with db.pipeline(None) as conn:
-        cur = conn.cursor()
-        await cur.execute(_CLAIM_DUE, {"limit": limit, "lease": lease_seconds})
-    return [DueSummary(r[0], r[1], r[2]) for r in await cur.fetchall()]
+    found = await _worker_call(db, _CLAIM_DUE, {"limit": limit, "lease": lease_seconds})
+    return [
+        DueSummary(uuid.UUID(i["lease"]), uuid.UUID(i["session_id"]), int(i["attempts"]))
+        for i in found or []
+    ]
 
 
 async def summary_lag(db: Database) -> float | None:
-    """Seconds the oldest due session has been waiting (None: none is due)."""
-    async with db.pipeline(None) as conn:
-        cur = conn.cursor()
-        await cur.execute(_SUMMARY_LAG)
-    row = await cur.fetchone()
-    return float(row[0]) if row and row[0] is not None else None
+    """Seconds the oldest due item has been waiting (None: none is due)."""
+    lag = await _worker_call(db, _SUMMARY_LAG, ())
+    return float(lag) if lag is not None else None
 
 
-async def summary_failed(
-    db: Database, session_id: uuid.UUID, *, attempts: int, retry_in: float | None
-) -> None:
+async def summary_failed(db: Database, item: DueSummary, *, retry_in: float | None) -> None:
     """Record a failed refresh: retry after `retry_in` seconds (None: give up
     until the session's next turn queues it again)."""
-    async with db.pipeline(None) as conn:
-        await conn.execute(
-            _SUMMARY_FAILED,
-            {"session_id": session_id, "attempts": attempts, "retry_in": retry_in},
-        )
+    await _worker_call(db, _SUMMARY_FAILED, (item.lease, retry_in))
 
 
 async def summary_source(
-    db: Database, caller: Caller, session_id: uuid.UUID, *, window: int, chunk: int
+    db: Database, item: DueSummary, *, window: int, chunk: int
 ) -> SummarySource | None:
-    """As the owner: the summary so far and up to `chunk` messages after it
-    that have left a `window`-message window (None: nothing to summarize)."""
-    async with db.pipeline(caller.claims) as conn:
-        cur = conn.cursor()
-        await cur.execute(SUMMARY_SOURCE, (session_id, window, chunk))
-    row = await cur.fetchone()
-    found = row[0] if row else None
+    """A leased item's summary so far and up to `chunk` messages after it that
+    have left a `window`-message window (None: nothing left to summarize, or
+    the lease is gone)."""
+    found = await _worker_call(db, _SUMMARY_SOURCE, (item.lease, window, chunk))
     if not found:
         return None
-    roles = {"human": "user", "ai": "assistant"}
     return SummarySource(
-        session_id=session_id,
+        lease=item.lease,
         summary=found["summary"],
         covers_until=found["covers_until"],
         messages=[
-            SourceMessage(m["id"], roles.get(m["type"], "assistant"), m["content"] or "")
+            SourceMessage(
+                m["id"], messages.ROLE_BY_TYPE.get(m["type"], "assistant"), m["content"] or ""
+            )
             for m in found["messages"]
         ],
         boundary=int(found["boundary"]),
     )
 
 
-async def save_summary(
-    db: Database, caller: Caller, source: SummarySource, text: str, *, due_after: int
-) -> bool:
-    """As the owner: store `text` as the summary up to `source.boundary`, if the
-    session still has the summary it was made from (no clear, no other worker
-    in between); the session stays queued while `due_after` or more of its
-    messages are outside its summary. Returns whether it was stored."""
-    args = (source.session_id, text, source.boundary, source.covers_until, due_after)
-    async with db.pipeline(caller.claims) as conn:
-        cur = conn.cursor()
-        await cur.execute(SAVE_SUMMARY, args)
-    row = await cur.fetchone()
-    return bool(row and row[0])
+async def save_summary(db: Database, source: SummarySource, text: str) -> bool:
+    """Store `text` as the summary up to `source.boundary`, if the session
+    still has the summary it was made from (no clear, no other worker in
+    between) and the lease lives. Returns whether it was stored."""
+    args = (source.lease, text, source.boundary, source.covers_until)
+    return bool(await _worker_call(db, _SAVE_SUMMARY, args))
 
 
-async def summary_settled(db: Database, caller: Caller, session_id: uuid.UUID) -> None:
-    """As the owner: take a session with nothing to summarize off the queue."""
-    async with db.pipeline(caller.claims) as conn:
-        await conn.execute(_SETTLE_SUMMARY, (session_id,))
+async def summary_done(db: Database, item: DueSummary, *, due_after: int) -> None:
+    """The end of an item's pass: it stays queued while `due_after` or more of
+    its session's messages are outside its summary, else leaves the queue."""
+    await _worker_call(db, _SUMMARY_DONE, (item.lease, due_after))
 
 
 # -------------------------------------------------------------- cleanup
@@ -980,34 +1008,39 @@ async def summary_settled(db: Database, caller: Caller, session_id: uuid.UUID) -
 
 # Locks a batch of expired sessions, skipping any a live turn holds; the
 # lock re-reads expires_at, so a session a turn has just extended drops out.
-# The locked ids go on as one array so every statement is an index lookup
-# (primary key; (session_id, id desc)) whatever the table sizes: joining the
-# CTE let the planner hash the whole message table on every batch. Messages
-# go by the FK cascade (and their embeddings and feedback with them, by a
-# statement-level trigger: migration *_set_based_cascades.sql); they are
-# counted first, in the same snapshot.
+# The locked (id, user_id) keys go on as two arrays so every statement is an
+# index lookup per session (primary key; (session_id, id desc)) whatever the
+# table sizes: joining the CTE let the planner hash the whole message table
+# on every batch. Messages go by the FK cascade (and their embeddings and
+# feedback with them, by a statement-level trigger: migration
+# *_set_based_cascades.sql); they are counted first, in the same snapshot.
 _EXPIRE_BATCH = """
 with doomed as (
-    select s.id from public.chat_sessions s
+    select s.id, s.user_id from public.chat_sessions s
      where s.expires_at <= now()
      order by s.expires_at
      limit %(batch)s
      for update skip locked
-), ids as (
-    select coalesce(array_agg(d.id), '{}') as ids from doomed d
+), keys as (
+    select k.id, k.user_id
+      from unnest((select coalesce(array_agg(d.id), '{}') from doomed d)::uuid[],
+                  (select coalesce(array_agg(d.user_id), '{}') from doomed d)::uuid[])
+           as k(id, user_id)
 ), counted as (
-    select count(*) as n from public.chat_message_history h
-     where h.session_id = any((select i.ids from ids i)::uuid[])
+    select coalesce(sum(c.n), 0) as n
+      from keys k
+      cross join lateral (select count(*) as n from public.chat_message_history h
+                           where h.session_id = k.id and h.user_id = k.user_id) c
 ), gone_sessions as (
-    delete from public.chat_sessions s
-     where s.id = any((select i.ids from ids i)::uuid[]) returning 1
+    delete from public.chat_sessions s using keys k
+     where s.id = k.id and s.user_id = k.user_id returning 1
 )
 select (select count(*) from gone_sessions), (select n from counted)
 """
 
 _COUNT_EXPIRED = """
 select count(*), coalesce(sum((select count(*) from public.chat_message_history h
-                                where h.session_id = s.id)), 0)::bigint
+                                where h.session_id = s.id and h.user_id = s.user_id)), 0)::bigint
   from public.chat_sessions s where s.expires_at <= now()
 """
 
@@ -1034,6 +1067,18 @@ def purge_expired_claims(conn: psycopg.Connection[Any]) -> int:
         return conn.execute(_PURGE_CLAIMS).rowcount
 
 
+_PURGE_RATE_BUCKETS = (
+    "delete from memchat.rate_buckets where refilled_at < now() - interval '1 day'"
+)
+
+
+def purge_idle_rate_buckets(conn: psycopg.Connection[Any]) -> int:
+    """Delete throttle buckets untouched for a day: full again for any sane
+    rate, so a new request re-creates them as they would be."""
+    with conn.transaction():
+        return conn.execute(_PURGE_RATE_BUCKETS).rowcount
+
+
 def count_expired(conn: psycopg.Connection[Any]) -> tuple[int, int]:
     """(sessions, messages) a cleanup run would delete now."""
     row = conn.execute(_COUNT_EXPIRED).fetchone()
@@ -1058,7 +1103,7 @@ _SET_FEEDBACK = sql.SQL(
     "   (message_id, user_id, session_id, agent_name, rating, comment)"
     " select h.id, h.user_id, h.session_id, s.agent_name, %(rating)s, %(comment)s"
     "   from public.chat_message_history h"
-    "   join public.chat_sessions s on s.id = h.session_id"
+    "   join public.chat_sessions s on s.id = h.session_id and s.user_id = h.user_id"
     "  where h.id = %(message_id)s and {answer}"
     " on conflict (message_id) do update"
     "    set rating = excluded.rating, comment = excluded.comment, updated_at = now()"
@@ -1104,7 +1149,7 @@ async def set_feedback(
     when `message_id` is not one of the caller's final answers."""
     params = {"message_id": message_id, "rating": rating, "comment": comment}
     try:
-        async with db.pipeline(caller.claims) as conn:
+        async with db.pipeline(caller.claims, throttle=Bucket.WRITE) as conn:
             cur = conn.cursor()
             await cur.execute(_SET_FEEDBACK, params)
     except pg_errors.ForeignKeyViolation:
@@ -1118,7 +1163,7 @@ async def set_feedback(
 async def delete_feedback(db: Database, caller: Caller, message_id: int) -> bool | None:
     """Remove the caller's rating of an answer: whether there was one, or None
     when `message_id` is not one of the caller's final answers."""
-    async with db.pipeline(caller.claims) as conn:
+    async with db.pipeline(caller.claims, throttle=Bucket.WRITE) as conn:
         cur = conn.cursor()
         await cur.execute(_DELETE_FEEDBACK, {"message_id": message_id})
     row = await cur.fetchone()
@@ -1130,7 +1175,7 @@ async def delete_feedback(db: Database, caller: Caller, message_id: int) -> bool
 async def chat_stats(db: Database, caller: Caller, agent_name: str | None) -> dict[str, Any]:
     """The caller's stats (memchat.chat_stats): one statement over their
     sessions' counters and their feedback, never their messages."""
-    async with db.pipeline(caller.claims) as conn:
+    async with db.pipeline(caller.claims, throttle=Bucket.READ) as conn:
         cur = conn.cursor()
         await cur.execute("select memchat.chat_stats(%s)", (agent_name,))
     row = await cur.fetchone()
@@ -1143,7 +1188,7 @@ async def session_stats(
     db: Database, caller: Caller, session_id: uuid.UUID
 ) -> dict[str, Any] | None:
     """One of the caller's sessions' stats; None if it is not theirs."""
-    async with db.pipeline(caller.claims) as conn:
+    async with db.pipeline(caller.claims, throttle=Bucket.READ) as conn:
         cur = conn.cursor()
         await cur.execute("select memchat.session_stats(%s)", (session_id,))
     row = await cur.fetchone()

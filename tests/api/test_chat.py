@@ -17,13 +17,16 @@ from typing import Any
 import psycopg
 import pytest
 
-from memchat.usecases.chat import DEFAULT_SYSTEM_PROMPT, NO_ROUNDS_LEFT, NOTES_PREAMBLE
+from memchat.messages import NOTES_PREAMBLE
+from memchat.usecases.chat import DEFAULT_SYSTEM_PROMPT, NO_ROUNDS_LEFT
 from tests.conftest import make_settings
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import (
     assert_error,
     chat,
     conversation,
+    memory_text,
+    remembered,
     seed_notes,
     stored_notes,
     system_texts,
@@ -157,12 +160,16 @@ async def test_notes_written_by_the_tool_reach_a_new_session_of_the_same_agent(
     assert second["memory"]["messages_in_context"] == 0
     assert second["memory"]["long_term_notes_used"] is True
     request = model.requests[-1]
-    assert system_texts(request) == [DEFAULT_SYSTEM_PROMPT, f"{NOTES_PREAMBLE}\n- Prefers tea"]
+    # The notes come as quoted data in the memory block, never as a system message.
+    assert system_texts(request) == [DEFAULT_SYSTEM_PROMPT]
+    assert f'{NOTES_PREAMBLE} "- Prefers tea"' in (memory_text(request) or "")
+    assert remembered(request).notes == "- Prefers tea"
     assert conversation(request) == [("user", "What do I drink?")]
 
     other = await chat(api, auth, "What do I drink?", agent_name="other")
     assert other["memory"]["long_term_notes_used"] is False
     assert system_texts(model.requests[-1]) == [DEFAULT_SYSTEM_PROMPT]
+    assert memory_text(model.requests[-1]) is None
     assert stored_notes(admin, user_id, "other") is None
 
 
@@ -219,7 +226,7 @@ async def test_each_editing_operation_of_the_tool(
     call_id = call["tool_calls"][0]["id"]
     result = f"ok: notes updated ({len(expected)} characters)"
     # The model got the notes in the prompt, then the tool's result back.
-    assert system_texts(model.requests[0])[1] == f"{NOTES_PREAMBLE}\n{NOTES}"
+    assert remembered(model.requests[0]).notes == NOTES
     assert model.requests[1]["messages"][-2]["tool_calls"] == call["tool_calls"]
     assert model.requests[1]["messages"][-1] == {
         "role": "tool",
@@ -426,14 +433,17 @@ async def test_nul_characters_from_the_model_are_dropped(
 # -------------------------------------------------------------- isolation
 
 
-async def test_another_users_session_is_404_and_its_text_never_reaches_the_prompt(
+async def test_another_users_session_id_is_the_callers_own_and_reveals_nothing(
     api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
 ) -> None:
+    """Session ids are per user (review finding 14): an id another user holds is,
+    for this caller, an id with no session yet, answered exactly as one nobody
+    holds (a 404 would tell that it exists). Nothing of the other user's
+    session reaches the prompt or changes."""
     owner_id, owner = api.new_user()
     seed_notes(admin, owner_id, "- owner's note: 1234-SECRET")
     sid = (await chat(api, owner, "my PIN is 4711"))["session_id"]
     before = snapshot(admin, owner_id)
-    calls = model.calls
 
     intruder_id, intruder = api.new_user()
     question = "what is my PIN?"
@@ -445,15 +455,25 @@ async def test_another_users_session_is_404_and_its_text_never_reaches_the_promp
     ]
     for body, headers in attempts:
         r = await api.post("/chat", json=body, headers={**intruder, **headers})
-        assert_error(r, 404, "session_not_found")
-    assert model.calls == calls
+        assert r.status_code == 200, r.text
+        assert r.json()["session_id"] == sid
+        sent = json.dumps(model.requests[-1])
+        assert "4711" not in sent and "SECRET" not in sent
 
-    own = await chat(api, intruder, "what is my PIN?")
-    assert own["session_id"] != sid
-    sent = json.dumps(model.requests[-1])
-    assert "4711" not in sent and "SECRET" not in sent
     assert snapshot(admin, owner_id) == before
-    assert [s["id"] for s in snapshot(admin, intruder_id)["chat_sessions"]] == [own["session_id"]]
+    (mine,) = snapshot(admin, intruder_id)["chat_sessions"]
+    assert mine["id"] == sid and mine["message_count"] == 6  # three turns with memory
+    unknown = str(uuid.uuid4())
+    fresh = await chat(api, intruder, question, session_id=unknown)
+    first = await chat(api, (await _new_auth(api)), question, session_id=sid)
+    # The first turn under someone else's id and under a new id look alike.
+    for body in (fresh, first):
+        assert body["memory"]["messages_in_context"] == 0
+        assert body["session"]["message_count"] == 2
+
+
+async def _new_auth(api: ApiClient) -> dict[str, str]:
+    return api.new_user()[1]
 
 
 # ------------------------------------------------------------ idempotency

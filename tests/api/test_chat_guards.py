@@ -79,8 +79,8 @@ async def test_the_bucket_refills_at_the_configured_rate(
 
     # A second has passed (as far as the bucket knows): one token back.
     admin.execute(
-        "update memchat.chat_rate set refilled_at = refilled_at - interval '1.1 seconds'"
-        " where user_id = %s",
+        "update memchat.rate_buckets set refilled_at = refilled_at - interval '1.1 seconds'"
+        " where user_id = %s and bucket = 'chat'",
         (user_id,),
     )
     await chat(api, auth, "after a second")

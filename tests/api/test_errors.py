@@ -6,6 +6,7 @@ header; a failed or timed-out model leaves the database as it was.
 
 from __future__ import annotations
 
+import re
 import socket
 import uuid
 
@@ -346,14 +347,18 @@ async def test_model_slower_than_the_timeout_is_504_and_stores_nothing(
 # ----------------------------------------------------------- request ids
 
 
-async def test_a_supplied_request_id_is_echoed_in_errors_and_answers(
+async def test_the_request_id_is_memchats_own_never_the_clients(
     api: ApiClient, model: FakeOpenAI
 ) -> None:
+    """A client's X-Request-ID is neither the error's request_id nor the
+    response's X-Request-ID: memchat's own id is (a client could otherwise
+    pose as another request in the logs)."""
     _, auth = api.new_user()
     r = await api.post("/chat", json={}, headers={**auth, "X-Request-ID": "req-42"})
-    assert assert_error(r, 422, "validation_error")["request_id"] == "req-42"
+    request_id = assert_error(r, 422, "validation_error")["request_id"]
+    assert request_id != "req-42" and re.fullmatch("[0-9a-f]{32}", request_id)
     r = await api.post("/chat", json={"message": "hi"}, headers={**auth, "X-Request-ID": "req-43"})
-    assert r.status_code == 200 and r.headers["x-request-id"] == "req-43"
+    assert r.status_code == 200 and r.headers["x-request-id"] not in ("", "req-43")
     r = await api.post("/chat", json={})
     first = assert_error(r, 401, "unauthorized")["request_id"]
     second = assert_error(await api.post("/chat", json={}), 401, "unauthorized")["request_id"]
@@ -396,9 +401,10 @@ async def test_an_unexpected_error_is_a_json_500_and_its_text_is_not_logged(
     with caplog.at_level("DEBUG"):
         r = await api.get("/boom", headers={"X-Request-ID": "req-boom"})
     body = assert_error(r, 500, "internal_error")
-    assert body["request_id"] == "req-boom" and secret_text not in r.text
+    assert body["request_id"] != "req-boom" and secret_text not in r.text
     records = [rec for rec in caplog.records if rec.getMessage() == "unhandled error"]
     assert records and records[0].error_type == "builtins.RuntimeError"
+    assert records[0].request_id == body["request_id"]
     assert any("boom" in frame for frame in records[0].where)
     assert all(secret_text not in rec.getMessage() and not rec.exc_info for rec in caplog.records)
 

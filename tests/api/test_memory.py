@@ -4,7 +4,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from memchat.usecases.chat import NOTES_PREAMBLE
+from tests.utils.chat_api import remembered, system_texts
 from tests.utils.fake_openai import tool_call
 
 UNICODE = "héllo 👋 日本"
@@ -39,8 +39,8 @@ async def test_put_then_the_model_reads_exactly_those_notes(api, model):
 
     r = await api.post("/chat", json={"message": "who am I?"}, headers=auth)
     assert r.json()["memory"]["long_term_notes_used"] is True
-    system = [m["content"] for m in model.requests[-1]["messages"] if m["role"] == "system"]
-    assert f"{NOTES_PREAMBLE}\n{notes}" in system
+    assert remembered(model.requests[-1]).notes == notes
+    assert not any(notes in text for text in system_texts(model.requests[-1]))
 
 
 async def test_what_the_agent_writes_is_what_get_shows(api, model):
@@ -55,8 +55,7 @@ async def test_what_the_agent_writes_is_what_get_shows(api, model):
     r = await put(api, auth, edited, expected_version=1)
     assert r.status_code == 200 and r.json()["version"] == 2
     await api.post("/chat", json={"message": "what is my cat called?"}, headers=auth)
-    system = [m["content"] for m in model.requests[-1]["messages"] if m["role"] == "system"]
-    assert f"{NOTES_PREAMBLE}\n{edited}" in system
+    assert remembered(model.requests[-1]).notes == edited
 
 
 async def test_expected_version(api):

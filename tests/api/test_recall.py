@@ -13,20 +13,20 @@ import psycopg
 import pytest
 
 from memchat.config import ConfigError
-from memchat.messages import RECALL_PREAMBLE
+from memchat.messages import MEMORY_OPEN, NOTES_PREAMBLE, RECALL_PREAMBLE
 from memchat.usecases.cleanup import run_cleanup
 from tests.conftest import make_settings
 from tests.utils.api import ApiClient
-from tests.utils.chat_api import chat, system_texts
+from tests.utils.chat_api import chat, kinds, memory_text, remembered, system_texts
 from tests.utils.fake_openai import FakeOpenAI
 
 FACT = "my favourite colour is teal"
 QUESTION = "what is my favourite colour?"
 
 
-def recall_block(request: dict[str, Any]) -> str | None:
-    """The recall block the model was sent, if any."""
-    return next((t for t in system_texts(request) if t.startswith(RECALL_PREAMBLE)), None)
+def recalled(request: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """(question, answer) of each exchange the model was sent, oldest first."""
+    return [(e.question, e.answer) for e in remembered(request).recalled]
 
 
 def embeddings_of(admin: psycopg.Connection, user_id: uuid.UUID) -> int:
@@ -49,9 +49,8 @@ async def test_a_fact_from_one_session_is_recalled_in_a_new_one(
 
     body = await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()))
 
-    block = recall_block(model.requests[-1])
-    assert block is not None and f"User: {FACT}" in block
-    assert f"Assistant: echo: {FACT}" in block  # the answer came with it
+    # The answer came with it.
+    assert recalled(model.requests[-1]) == [(FACT, f"echo: {FACT}")]
     memory = body["memory"]
     assert memory["recall_status"] == "ok"
     assert [(r["session_id"], r["message_id"]) for r in memory["recalled"]] == [
@@ -62,7 +61,7 @@ async def test_a_fact_from_one_session_is_recalled_in_a_new_one(
     assert embeddings_of(admin, user_id) == 2  # each user message, once
 
 
-async def test_the_block_sits_after_the_notes_and_before_the_window(
+async def test_recall_sits_after_the_notes_in_the_memory_block_before_the_window(
     api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
 ) -> None:
     user_id, auth = api.new_user()
@@ -75,11 +74,14 @@ async def test_the_block_sits_after_the_notes_and_before_the_window(
     sid = str(uuid.uuid4())
     await chat(api, auth, "hello there", session_id=sid)
     await chat(api, auth, QUESTION, session_id=sid)
-    roles = [
-        ("recall" if str(m["content"]).startswith(RECALL_PREAMBLE) else m["role"])
-        for m in model.requests[-1]["messages"]
-    ]
-    assert roles == ["system", "system", "recall", "user", "assistant", "user"]
+    request = model.requests[-1]
+    assert kinds(request) == ["system", "memory", "user", "assistant", "user"]
+    block = memory_text(request) or ""
+    assert block.startswith(MEMORY_OPEN)
+    assert 0 < block.index(NOTES_PREAMBLE) < block.index(RECALL_PREAMBLE)
+    assert [q for q, _ in recalled(request)] == [FACT]
+    # Recalled text is never in a system message.
+    assert not any(FACT in text for text in system_texts(request))
 
 
 async def test_another_agent_recalls_nothing_of_it(api: ApiClient, model: FakeOpenAI) -> None:
@@ -87,7 +89,7 @@ async def test_another_agent_recalls_nothing_of_it(api: ApiClient, model: FakeOp
     await chat(api, auth, FACT, agent_name="painter")
     body = await chat(api, auth, QUESTION, agent_name="cook")
     assert body["memory"]["recalled"] == [] and body["memory"]["recall_status"] == "ok"
-    assert recall_block(model.requests[-1]) is None
+    assert recalled(model.requests[-1]) == []
 
 
 async def test_another_user_recalls_nothing_of_it(api: ApiClient, model: FakeOpenAI) -> None:
@@ -96,7 +98,7 @@ async def test_another_user_recalls_nothing_of_it(api: ApiClient, model: FakeOpe
     await chat(api, alice, FACT)
     body = await chat(api, bob, QUESTION)
     assert body["memory"]["recalled"] == []
-    assert recall_block(model.requests[-1]) is None
+    assert recalled(model.requests[-1]) == []
 
 
 async def test_what_is_in_the_window_is_not_recalled_again(
@@ -111,7 +113,7 @@ async def test_what_is_in_the_window_is_not_recalled_again(
     await chat(api, auth, "something else entirely", session_id=sid)
     older = await chat(api, auth, QUESTION, session_id=sid)
     # Now the fact (and the earlier question) have left the window: recalled.
-    assert f"User: {FACT}" in (recall_block(model.requests[-1]) or "")
+    assert FACT in [q for q, _ in recalled(model.requests[-1])]
     assert {r["session_id"] for r in older["memory"]["recalled"]} == {sid}
 
 
@@ -121,7 +123,7 @@ async def test_near_duplicates_collapse_into_one_hit(api: ApiClient, model: Fake
         await chat(api, auth, FACT, session_id=str(uuid.uuid4()))
     body = await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()), recall_k=3)
     assert len(body["memory"]["recalled"]) == 1
-    assert recall_block(model.requests[-1]).count(f"User: {FACT}") == 1  # type: ignore[union-attr]
+    assert [q for q, _ in recalled(model.requests[-1])] == [FACT]
 
 
 async def test_k_bounds_the_hits_best_first(api: ApiClient) -> None:
@@ -156,7 +158,7 @@ async def test_recall_k_zero_reads_nothing_but_the_message_is_embedded(
     await chat(api, auth, FACT)
     body = await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()), recall_k=0)
     assert body["memory"]["recall_status"] == "disabled" and body["memory"]["recalled"] == []
-    assert recall_block(model.requests[-1]) is None
+    assert recalled(model.requests[-1]) == []
     assert embeddings_of(admin, user_id) == 2  # later turns can recall it
 
 
@@ -170,7 +172,7 @@ async def test_memory_off_neither_embeds_nor_recalls(
     assert body["memory"]["recall_status"] == "disabled"
     assert body["memory"]["recalled"] == [] and body["memory"]["context_tokens"] == 0
     assert len(model.embedding_requests) == before
-    assert recall_block(model.requests[-1]) is None
+    assert recalled(model.requests[-1]) == []
     assert embeddings_of(admin, user_id) == 1
 
 
@@ -206,7 +208,7 @@ async def test_an_embedding_failure_answers_without_recall(
     body = await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()))
     assert body["answer"] == f"echo: {QUESTION}"
     assert body["memory"]["recall_status"] == "failed" and body["memory"]["recalled"] == []
-    assert recall_block(model.requests[-1]) is None
+    assert recalled(model.requests[-1]) == []
     assert embeddings_of(admin, user_id) == 1  # the second message is stored without one
     (stored,) = admin.execute(
         "select count(*) from public.chat_message_history where user_id = %s", (user_id,)
@@ -310,7 +312,7 @@ async def test_a_mismatch_found_on_the_first_turn_turns_recall_off(
 async def test_the_token_budget_drops_in_order_and_reports_its_tokens(
     custom_api: Callable[..., ApiClient], model: FakeOpenAI, admin: psycopg.Connection
 ) -> None:
-    api = custom_api(memory_max_context_tokens=300)
+    api = custom_api(memory_max_context_tokens=400)  # the window takes ~270
     user_id, auth = api.new_user()
     admin.execute(
         "insert into public.agent_long_term_memory (user_id, agent_name, notes)"
@@ -328,11 +330,10 @@ async def test_the_token_budget_drops_in_order_and_reports_its_tokens(
     assert memory["context_truncated"] is True
     assert memory["messages_in_context"] == 2  # never fewer than the newest two
     assert memory["recalled"] == []  # dropped before the notes were cut
-    sent = model.requests[-1]["messages"]
-    notes = next(m["content"] for m in sent if m["content"].startswith("Long-term notes"))
+    notes = remembered(model.requests[-1]).notes
     assert "- note 0" in notes and "- note 99" not in notes
-    assert recall_block(model.requests[-1]) is None
-    assert 0 < memory["context_tokens"] <= 300
+    assert recalled(model.requests[-1]) == []
+    assert 0 < memory["context_tokens"] <= 400
 
 
 async def test_context_tokens_count_what_memory_added(

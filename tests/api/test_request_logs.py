@@ -2,11 +2,13 @@
 
 Each request logs one access record, "request", when its response has ended
 (a streamed one included): method, route template, status, duration,
-request id and the verified user id. An unexpected error logs its type and
-place (and its frames at DEBUG), never its message. Records are captured as
-memchat's logging set-up lets them through (its own loggers at DEBUG, other
-libraries from WARNING), and each is rendered as `memchat dev` and as
-Powertools would print it before looking for the message, token and query.
+memchat's request id (never the client's), the verified user id, and the
+client's own X-Request-ID as `client_request_id` when it is short and safe.
+An unexpected error logs its type and place (and its frames at DEBUG),
+never its message. Records are captured as memchat's logging set-up lets
+them through (its own loggers at DEBUG, other libraries from WARNING), and
+each is rendered as `memchat dev` and as Powertools would print it before
+looking for the message, token and query.
 
 Failures come from real failure paths: an unreachable database, a model
 stream that breaks off, and an API connected as a role that cannot act for
@@ -18,18 +20,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
+from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
 
 from memchat.logs import DevFormatter, RequestIdFilter
 from tests.conftest import UNUSED_DATABASE, make_settings
 from tests.handlers import conftest as lambda_fixtures
 from tests.handlers.conftest import LambdaRuntime, body_of, http_event, token_for
+from tests.utils.analytics_data import empty_database
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import assert_error
 from tests.utils.fake_openai import FakeOpenAI
@@ -90,16 +96,21 @@ async def test_a_json_turn_logs_one_line_with_its_route_user_and_duration(
     )
     assert r.status_code == 200, r.text
 
-    record = only_access(logs, "req-json")
+    record = only_access(logs, r.headers["x-request-id"])
     assert (record.method, record.route, record.status) == ("POST", "/chat", 200)
     assert record.user_id == str(user_id)
+    # The client's own id is a field of its own, beside memchat's.
+    assert record.request_id != "req-json" and record.client_request_id == "req-json"
     # Records logged during the request carry its id too (the turn's own line).
     turn = [r for r in logs.records if r.getMessage() == "chat turn stored"]
-    assert turn and turn[0].request_id == "req-json"
+    assert turn and turn[0].request_id == record.request_id
     token = auth["Authorization"].removeprefix("Bearer ")
     assert_never_logged(logs, SECRET, "4471", token, "Bearer")
     line = DevFormatter().format(record)
-    assert line.endswith(f"POST /chat 200 {record.duration_ms:.1f} ms req=req-json user={user_id}")
+    assert line.endswith(
+        f"POST /chat 200 {record.duration_ms:.1f} ms req={record.request_id} user={user_id}"
+        " client_req=req-json"
+    )
 
 
 async def test_the_route_is_the_template_never_the_path_or_query(
@@ -116,7 +127,7 @@ async def test_the_route_is_the_template_never_the_path_or_query(
     assert r.status_code == 200, r.text
     assert SECRET in r.text  # the export has it; the log must not
 
-    record = only_access(logs, "req-export")
+    record = only_access(logs, r.headers["x-request-id"])
     assert (record.method, record.route, record.status) == (
         "GET",
         "/chat/export/{session_id}",
@@ -139,20 +150,21 @@ async def test_a_streamed_turn_logs_its_line_when_the_stream_ends(
         headers = {**auth, **STREAM, "X-Request-ID": "req-stream"}
         async with client.stream("POST", "/chat", json={"message": SECRET}, headers=headers) as r:
             assert r.status_code == 200
+            request_id = r.headers["x-request-id"]
             chunks = r.aiter_text()
             seen = ""
             while "event: delta" not in seen:
                 seen += await anext(chunks)
             # The answer is still being written: no line yet.
-            assert access(logs, "req-stream") == []
+            assert access(logs, request_id) == []
             async for chunk in chunks:
                 seen += chunk
         assert [e.name for e in parse(seen)][-1] == "done"
         deadline = time.monotonic() + 5
-        while not access(logs, "req-stream") and time.monotonic() < deadline:
+        while not access(logs, request_id) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
-    record = only_access(logs, "req-stream")
+    record = only_access(logs, request_id)
     assert (record.method, record.route, record.status) == ("POST", "/chat", 200)
     assert record.user_id == str(user_id)
     assert record.duration_ms >= 500  # the whole stream: five pauses of 0.1 s
@@ -169,7 +181,7 @@ async def test_a_model_failure_mid_stream_is_a_200_line_and_no_content(
         "/chat", json={"message": SECRET}, headers={**auth, **STREAM, "X-Request-ID": "req-mid"}
     )
     assert [e.name for e in parse(r.text)][-1] == "error"
-    record = only_access(logs, "req-mid")
+    record = only_access(logs, r.headers["x-request-id"])
     assert (record.route, record.status) == ("/chat", 200)
     assert_never_logged(logs, SECRET, "partial answer")
 
@@ -185,7 +197,7 @@ async def test_a_refused_token_is_logged_without_a_user_or_the_token(
         "/memory", headers={"Authorization": f"Bearer {forged}", "X-Request-ID": "req-401"}
     )
     assert_error(r, 401, "unauthorized")
-    record = only_access(logs, "req-401")
+    record = only_access(logs, r.headers["x-request-id"])
     assert (record.method, record.route, record.status, record.user_id) == (
         "GET",
         "/memory",
@@ -206,7 +218,7 @@ async def test_a_validation_error_names_the_user_but_not_the_message(
         headers={**auth, "X-Request-ID": "req-422"},
     )
     assert_error(r, 422, "validation_error")
-    record = only_access(logs, "req-422")
+    record = only_access(logs, r.headers["x-request-id"])
     assert (record.route, record.status, record.user_id) == ("/chat", 422, str(user_id))
     assert model.calls == 0
     assert_never_logged(logs, SECRET, "lots")
@@ -219,7 +231,7 @@ async def test_an_unknown_path_logs_no_path_and_no_query(
         "/secret-place/4471", params={"token": "sekrit-value"}, headers={"X-Request-ID": "r404"}
     )
     assert_error(r, 404, "not_found")
-    record = only_access(logs, "r404")
+    record = only_access(logs, r.headers["x-request-id"])
     assert (record.method, record.route, record.status) == ("GET", "(unmatched)", 404)
     assert_never_logged(logs, "secret-place", "4471", "sekrit-value")
 
@@ -235,7 +247,7 @@ async def test_a_body_refused_before_routing_still_names_its_route(
         headers={**auth, "Content-Type": "application/json", "X-Request-ID": "req-413"},
     )
     assert_error(r, 413, "payload_too_large")
-    record = only_access(logs, "req-413")
+    record = only_access(logs, r.headers["x-request-id"])
     assert (record.route, record.status) == ("/chat", 413)
     assert_never_logged(logs, SECRET)
 
@@ -245,8 +257,70 @@ async def test_a_wrong_method_is_logged_with_the_route_it_missed(
 ) -> None:
     r = await api.patch("/memory", headers={"X-Request-ID": "req-405"})
     assert_error(r, 405, "method_not_allowed")
-    record = only_access(logs, "req-405")
+    record = only_access(logs, r.headers["x-request-id"])
     assert (record.method, record.route, record.status) == ("PATCH", "/memory", 405)
+
+
+# ------------------------------------------------------------ request ids
+
+FORGED_IDS = [
+    # A fake second access line, after a newline.
+    'x\n{"level":"INFO","message":"request","status":200,"user_id":"forged-victim"}',
+    # Fake fields on the same line (printable: the old check let it through).
+    '{"message": "request", "user_id": "forged-victim"}',
+    "req-1 user=forged-victim",
+    "forged-victim\r\nX-Injected: 1",
+    "forged-victim-" + "x" * 51,  # 65 characters: one too many
+    "forged-victim-é",
+]
+
+
+@pytest.mark.parametrize("forged", FORGED_IDS, ids=range(len(FORGED_IDS)))
+async def test_a_forged_request_id_is_never_memchats_and_never_logged(
+    api: ApiClient, logs: pytest.LogCaptureFixture, forged: str
+) -> None:
+    """Attacks log forging through X-Request-ID: a client's id with newlines,
+    fake JSON or fake fields, or one too long, is neither the request_id
+    (of the error JSON, the response header or any log record) nor logged
+    anywhere, in any form a record is printed."""
+    _, auth = api.new_user()
+    for headers, status, code in (({}, 401, "unauthorized"), (auth, 422, "validation_error")):
+        sent = {**headers, "X-Request-ID": forged.encode()}  # bytes: UTF-8 as sent
+        r = await api.get("/sessions?limit=0", headers=sent)
+        body = assert_error(r, status, code)
+        request_id = body["request_id"]
+        assert re.fullmatch("[0-9a-f]{32}", request_id)  # memchat's own
+        record = only_access(logs, request_id)
+        assert not hasattr(record, "client_request_id")
+    assert all(getattr(r, "request_id", None) != forged for r in logs.records)
+    assert_never_logged(logs, forged, "forged-victim", "X-Injected")
+
+
+async def test_a_safe_client_id_is_logged_beside_memchats_and_cannot_take_its_place(
+    api: ApiClient, logs: pytest.LogCaptureFixture
+) -> None:
+    """A client id up to 64 characters of [A-Za-z0-9._:-] is logged as
+    `client_request_id`; even one naming another request's id does not
+    become this request's id, so no line can pose as another request's."""
+    first = await api.get("/health")
+    other_id = first.headers["x-request-id"]
+    safe = "web:7.a_b-" + "c" * 54  # 64 characters
+    for client_id in (safe, other_id):
+        r = await api.get("/health", headers={"X-Request-ID": client_id})
+        assert r.status_code == 200
+        request_id = r.headers["x-request-id"]
+        assert request_id not in (client_id, other_id)
+        record = only_access(logs, request_id)
+        assert record.client_request_id == client_id
+        assert (
+            DevFormatter()
+            .format(record)
+            .endswith(f"req={request_id} user=- client_req={client_id}")
+        )
+        assert json.loads(LambdaPowertoolsFormatter().format(record))["client_request_id"] == (
+            client_id
+        )
+    assert len(access(logs, other_id)) == 1  # the first request's line only
 
 
 # ------------------------------------------------------------------- 5xx
@@ -269,12 +343,19 @@ async def test_an_unreachable_database_is_a_503_line_with_its_request_id(
     assert_never_logged(logs, SECRET, "127.0.0.1:1", auth["Authorization"])
 
 
-async def _misconfigured(
-    cleanup_url: str, model: FakeOpenAI, url: str
+@pytest.fixture(scope="module")
+def unmigrated(admin: psycopg.Connection, admin_url: str) -> Iterator[str]:
+    """A database without memchat's schema (a DATABASE_URL pointing at the
+    wrong database): every request fails in a way nothing expects."""
+    with empty_database(admin, admin_url, "memchat_unmigrated") as url:
+        yield url
+
+
+async def _unmigrated(
+    unmigrated: str, model: FakeOpenAI, url: str
 ) -> tuple[httpx.Response, str, str]:
-    """`url` on an API connected as memchat_cleanup (a wrong DATABASE_URL): the
-    database refuses to act for the user, which nothing expects."""
-    api = ApiClient(make_settings(cleanup_url, model.url))
+    """`url` on an API connected to a database without memchat's schema."""
+    api = ApiClient(make_settings(unmigrated, model.url))
     try:
         user_id, auth = api.new_user()
         r = await api.get(url, headers=auth)
@@ -286,7 +367,7 @@ async def _misconfigured(
 def _unexpected(caplog: pytest.LogCaptureFixture, request_id: str) -> logging.LogRecord:
     (record,) = [r for r in caplog.records if r.getMessage() == "unhandled error"]
     assert record.levelno == logging.ERROR and record.request_id == request_id
-    assert record.error_type == "psycopg.errors.InsufficientPrivilege"
+    assert record.error_type == "psycopg.errors.InvalidSchemaName"
     assert record.error_module.startswith("psycopg")
     assert isinstance(record.error_line, int) and record.error_line > 0
     assert record.app_frame.startswith("memchat.")
@@ -300,10 +381,10 @@ def _unexpected(caplog: pytest.LogCaptureFixture, request_id: str) -> logging.Lo
     ids=["json", "streamed-export"],
 )
 async def test_an_unexpected_error_logs_type_and_place_and_the_client_gets_its_id(
-    cleanup_url: str, model: FakeOpenAI, logs: pytest.LogCaptureFixture, url: str, route: str
+    unmigrated: str, model: FakeOpenAI, logs: pytest.LogCaptureFixture, url: str, route: str
 ) -> None:
     logs.set_level(logging.INFO, logger="memchat")
-    r, user_id, authorization = await _misconfigured(cleanup_url, model, url)
+    r, user_id, authorization = await _unmigrated(unmigrated, model, url)
 
     body = assert_error(r, 500, "internal_error")
     error = _unexpected(logs, body["request_id"])
@@ -311,25 +392,46 @@ async def test_an_unexpected_error_logs_type_and_place_and_the_client_gets_its_i
     record = only_access(logs, body["request_id"])
     assert (record.route, record.status, record.user_id) == (route, 500, user_id)
     line = DevFormatter().format(error)
-    assert f"psycopg.errors.InsufficientPrivilege at {error.error_module}:" in line
+    assert f"psycopg.errors.InvalidSchemaName at {error.error_module}:" in line
     assert line.endswith(f"req={body['request_id']}")
-    # The exception's own text (it names the role) is never logged.
-    assert_never_logged(logs, authorization, "permission denied", "planner", "ndjson")
+    # The exception's own text is never logged (another error's could quote input).
+    assert_never_logged(logs, authorization, "does not exist", "planner", "ndjson")
 
 
 async def test_at_debug_an_unexpected_error_logs_its_frames_not_its_message(
-    cleanup_url: str, model: FakeOpenAI, logs: pytest.LogCaptureFixture
+    unmigrated: str, model: FakeOpenAI, logs: pytest.LogCaptureFixture
 ) -> None:
-    r, _, authorization = await _misconfigured(cleanup_url, model, "/memory")
+    r, _, authorization = await _unmigrated(unmigrated, model, "/memory")
 
     body = assert_error(r, 500, "internal_error")
     error = _unexpected(logs, body["request_id"])
     frames = error.traceback
     assert frames.startswith("Traceback (most recent call last):")
     assert 'memchat/db.py", line' in frames
-    assert frames.endswith("psycopg.errors.InsufficientPrivilege (message not logged)")
+    assert frames.endswith("psycopg.errors.InvalidSchemaName (message not logged)")
     assert frames in DevFormatter().format(error)
-    assert_never_logged(logs, authorization, "permission denied")
+    assert_never_logged(logs, authorization, "does not exist")
+
+
+async def test_an_api_logged_in_as_another_role_is_a_logged_500(
+    cleanup_url: str, model: FakeOpenAI, logs: pytest.LogCaptureFixture
+) -> None:
+    """A wrong DATABASE_URL (the cleanup's login): the database refuses to act
+    for the user. A 500 whose log line names what was refused (PostgreSQL's
+    permission errors name roles and tables, never values), not a 404."""
+    logs.set_level(logging.INFO, logger="memchat")
+    api = ApiClient(make_settings(cleanup_url, model.url))
+    try:
+        _, auth = api.new_user()
+        r = await api.get("/memory?agent_name=planner", headers=auth)
+    finally:
+        await api.aclose()
+
+    body = assert_error(r, 500, "internal_error")
+    (refused,) = [m for m in logs.records if m.getMessage().startswith("database permission")]
+    assert refused.db_error == 'permission denied to set role "memchat_user"'
+    assert only_access(logs, body["request_id"]).status == 500
+    assert_never_logged(logs, auth["Authorization"], "planner")
 
 
 # -------------------------------------------------------- deployed: JSON

@@ -19,12 +19,13 @@ import pytest
 from memchat import messages, store
 from memchat.config import Settings
 from memchat.db import Database
+from memchat.errors import DatabasePermissionDenied
 from memchat.model.client import ModelClient
 from memchat.usecases.cleanup import run_cleanup
-from memchat.usecases.summarize import Summarizer, owner
+from memchat.usecases.summarize import Summarizer
 from tests.conftest import make_settings
 from tests.utils.api import ApiClient
-from tests.utils.chat_api import chat
+from tests.utils.chat_api import chat, kinds, remembered, system_texts
 from tests.utils.fake_openai import FakeOpenAI
 
 WINDOW = 10
@@ -43,14 +44,8 @@ def summary_requests(model: FakeOpenAI) -> list[dict[str, Any]]:
 
 
 def summary_block(request: dict[str, Any]) -> str | None:
-    return next(
-        (
-            m["content"]
-            for m in request["messages"]
-            if m["role"] == "system" and m["content"].startswith(messages.SUMMARY_PREAMBLE)
-        ),
-        None,
-    )
+    """The summary the model was sent in the memory block, unquoted, if any."""
+    return remembered(request).summary or None
 
 
 def session_summary(admin: psycopg.Connection, session_id: str) -> tuple[Any, ...]:
@@ -153,8 +148,8 @@ async def test_a_long_session_gets_a_summary_that_the_next_turn_sees(
 
     body = await chat(api, auth, "and now?", session_id=sid)
 
-    block = summary_block(model.requests[-1])
-    assert block is not None and block.endswith(summary)
+    assert summary_block(model.requests[-1]) == summary
+    assert not any(summary in text for text in system_texts(model.requests[-1]))
     assert body["memory"]["summary_used"] is True
     assert body["memory"]["summary_covers_until"] == covers_until
 
@@ -166,11 +161,9 @@ async def test_the_summary_block_sits_before_the_window(
     sid = await long_session(api, auth, 12)
     await workers().run(max_seconds=30)
     await chat(api, auth, "next", session_id=sid)
-    kinds = [
-        "summary" if str(m["content"]).startswith(messages.SUMMARY_PREAMBLE) else m["role"]
-        for m in model.requests[-1]["messages"]
-    ]
-    assert kinds[:3] == ["system", "summary", "user"]
+    request = model.requests[-1]
+    assert kinds(request)[:3] == ["system", "memory", "user"]
+    assert summary_block(request)
 
 
 async def test_a_refresh_sends_only_the_old_summary_and_the_new_messages(
@@ -196,6 +189,61 @@ async def test_a_refresh_sends_only_the_old_summary_and_the_new_messages(
     assert "User: b0 later" in new_part
     assert "User: a0 hello" not in new_part and "User: a1 more" not in new_part
     assert session_summary(admin, sid)[1] > covers_until
+
+
+def window_start(admin: psycopg.Connection, session_id: str) -> tuple[int, int]:
+    """(the id of the window's oldest message, the id of the message just before
+    it): the window is the session's last WINDOW user and final assistant messages."""
+    ids = [
+        row[0]
+        for row in admin.execute(
+            "select id from public.chat_message_history where session_id = %s"
+            " and message->>'type' <> 'tool' order by id desc",
+            (uuid.UUID(session_id),),
+        ).fetchall()
+    ]
+    return ids[WINDOW - 1], ids[WINDOW]
+
+
+async def test_one_pass_brings_the_summary_up_to_the_windows_start(
+    api: ApiClient, admin: psycopg.Connection, workers: Callable[..., Summarizer]
+) -> None:
+    """Review finding 0: a pass stopped once the session was no longer due,
+    which could leave the summary short of the window's start (a hole that
+    lasted until the next trigger). Now one pass refreshes chunk after chunk
+    until nothing before the window is left out."""
+    _, auth = api.new_user()
+    sid = await long_session(api, auth, 14)  # 28 messages: 18 before the window
+
+    run = await workers(summary_chunk_messages=2).run(max_seconds=60)
+
+    assert run.summarized == 9 and run.failed == 0  # 18 messages, 2 a chunk
+    _, just_before = window_start(admin, sid)
+    assert session_summary(admin, sid)[1] == just_before
+    assert queued(admin, sid) is None
+
+
+async def test_the_summary_stays_in_use_between_refreshes(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection, workers: Callable[..., Summarizer]
+) -> None:
+    """Messages that left the window since the last refresh (fewer than the
+    trigger) stay in the prompt with the summary: no hole, so the summary is
+    used on every turn, not only on the one right after a refresh."""
+    _, auth = api.new_user()
+    sid = await long_session(api, auth, 12)
+    await workers().run(max_seconds=30)
+    covers_until = session_summary(admin, sid)[1]
+    for i in range(2):  # 4 messages leave the window; not due again yet
+        await chat(api, auth, f"after {i}", session_id=sid)
+
+    body = await chat(api, auth, "still there?", session_id=sid)
+
+    assert body["memory"]["summary_used"] is True
+    assert body["memory"]["summary_covers_until"] == covers_until
+    # The window reaches back to the summary: 10 + the 4 newly out of it.
+    assert body["memory"]["messages_in_context"] == WINDOW + 4
+    sent = [m["content"] for m in model.requests[-1]["messages"] if m["role"] == "user"]
+    assert "m11 more" in sent and "after 0" in sent
 
 
 async def test_a_short_session_is_never_queued(api: ApiClient, admin: psycopg.Connection) -> None:
@@ -421,28 +469,44 @@ async def test_exports_carry_the_summary_and_when_it_was_made(
 # ------------------------------------------------------------------ RLS
 
 
-async def test_the_worker_reads_a_session_only_as_its_owner(
-    api: ApiClient, worker_url: str, users: Any, workers: Callable[..., Summarizer]
+async def test_the_worker_acts_only_on_what_the_queue_hands_it(
+    api: ApiClient, worker_url: str, admin: psycopg.Connection
 ) -> None:
-    user_id, auth = api.new_user()
-    sid = await long_session(api, auth, 12)
+    """Review finding 2: logged in as `memchat_worker`, one could `set role
+    memchat_user` with anyone's claims and read or change any user's
+    messages. Now the worker reads and writes a session only through the
+    lease of a claimed queue item: nothing of a user with nothing queued."""
+    _, auth = api.new_user()
+    queued_sid = await long_session(api, auth, 12)
+    _, other_auth = api.new_user()
+    other_sid = await long_session(api, other_auth, 12, tag="secret")
+    admin.execute("delete from memchat.summary_queue where session_id = %s", (other_sid,))
     db = Database(worker_url)
     try:
-        stranger = owner(users.create().user_id)
-        assert (
-            await store.summary_source(db, stranger, uuid.UUID(sid), window=WINDOW, chunk=50)
-            is None
-        )
-        mine = await store.summary_source(
-            db, owner(user_id), uuid.UUID(sid), window=WINDOW, chunk=50
-        )
-        assert mine is not None and mine.messages
-        # Without the switch to the owner, the worker's own role reads no content.
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            async with db.pipeline(None) as conn:
-                await conn.execute("select summary from public.chat_sessions")
+        for attack in (
+            "select set_config('role', 'memchat_user', true)",
+            "select summary, title from public.chat_sessions",
+            "select message from public.chat_message_history",
+            "select * from memchat.summary_queue",
+        ):
+            with pytest.raises(DatabasePermissionDenied):
+                async with db.pipeline(None) as conn:
+                    await conn.execute(attack)
+        forged = store.DueSummary(uuid.uuid4(), uuid.UUID(other_sid), 0)
+        assert await store.summary_source(db, forged, window=WINDOW, chunk=50) is None
+        fake = store.SummarySource(forged.lease, None, None, [], boundary=1)
+        assert await store.save_summary(db, fake, "overwritten") is False
+
+        (item,) = await store.claim_due_summaries(db, limit=10, lease_seconds=60)
+        assert item.session_id == uuid.UUID(queued_sid)
+        source = await store.summary_source(db, item, window=WINDOW, chunk=50)
+        assert source is not None and all("secret" not in m.text for m in source.messages)
+        await store.summary_done(db, item, due_after=10_000)
+        # The lease ends with the pass: it opens nothing any more.
+        assert await store.summary_source(db, item, window=WINDOW, chunk=50) is None
     finally:
         await db.close()
+    assert session_summary(admin, other_sid)[0] is None
 
 
 async def test_a_worker_with_little_time_left_starts_no_round(

@@ -1,10 +1,11 @@
-"""Benchmark: a user's stats (issue 13) - memchat.chat_stats and session_stats.
+"""Benchmark: a user's stats (issue 13) - memchat.chat_stats and session_stats -
+and the operator's analytics views (memchat_analytics, `memchat stats`).
 
 Run on demand (pytest does not collect `bench_*.py`):
 
     python tests/bench/bench_stats.py [--sizes 1000,10000,100000]
         [--iterations 500] [--warmup 30] [--other-users 1000] [--feedback-every 20]
-        [--no-http] [--explain]
+        [--analytics-iterations 20] [--no-http] [--explain]
 
 Data (generate_series on a superuser connection): one user per size in
 --sizes, each with 100 sessions (every 5th of agent "support", the rest
@@ -46,6 +47,16 @@ force_generic_plan: a SQL function's statement is planned without its
 argument's value): which relations it reads, how many rows and buffers,
 to show it never reads messages.
 
+Then the operator's analytics over all of that data (every user's): the
+report `memchat stats` reads (`memchat.analytics.read`, one read-only
+transaction as memchat_analyst, every view), for the last 7 days and for
+all time, --analytics-iterations times each (0: skipped), its all-time
+totals checked against the messages; and EXPLAIN (ANALYZE, BUFFERS) of
+`select * from` each view as memchat_analyst: what it reads, and what
+`turns` pays for its pseudonyms (two HMAC-SHA256 per row). The views scan
+every stored answer by design (docs/analytics.md, "Cost"): no target, the
+numbers are for the record.
+
 Target (issue 13): <= 20 ms median and p95 at 100,000 messages, and a cost
 that does not grow with messages. The database is the embedded PostgreSQL
 (pgserver, temporary directory) unless DATABASE_URL names a disposable one
@@ -74,9 +85,9 @@ if __package__ in (None, ""):
 
 import psycopg
 
-from memchat import devtokens, messages, store
+from memchat import analytics, devtokens, messages, store
 from memchat.config import load_settings
-from memchat.db import SET_CLAIMS, Database, claims_params
+from memchat.db import SET_CLAIMS, Database, claims_params, connect_kwargs
 from tests.bench import _common as common
 
 SESSIONS = 100
@@ -537,6 +548,139 @@ def plans_for(url: str, owners: list[Owner]) -> list[Plan]:
     return plans
 
 
+# --------------------------------------------------------------- analytics
+
+
+@dataclass
+class ViewPlan:
+    view: str
+    rows: int  # the view's rows
+    relations: dict[str, tuple[int, int]]  # relation -> (rows, buffers)
+    buffers: int
+    execution_ms: float
+    text: str
+
+
+@dataclass
+class Analytics:
+    samples: dict[str, list[float]]  # "last 7 days" / "all time" -> ms per report
+    plans: list[ViewPlan]
+    totals_ok: bool
+    totals: dict[str, int]
+    expected: dict[str, int]
+
+
+def time_analytics(url: str, admin: psycopg.Connection[Any], iterations: int) -> Analytics:
+    """`memchat stats`' read, as memchat_analyst, timed; then each view's plan."""
+    windows = {"last 7 days": 7, "all time": analytics.MAX_DAYS}
+    samples: dict[str, list[float]] = {label: [] for label in windows}
+    last: dict[str, analytics.Report] = {}
+    with psycopg.connect(url, **connect_kwargs()) as conn:
+        for i in range(iterations + 1):  # the first round warms the cache
+            for label, days in windows.items():
+                t0 = perf_counter_ns()
+                last[label] = analytics.read(conn, days=days, agent=None)
+                if i:
+                    samples[label].append((perf_counter_ns() - t0) / 1e6)
+        plans = [view_plan(conn, view) for view in ("turns", *analytics.VIEWS)]
+    report = last["all time"]
+    assert report.as_analyst, report.note
+    row = admin.execute(
+        "select count(*),"
+        " coalesce(sum((message->'data'->'usage_metadata'->>'input_tokens')::bigint), 0),"
+        " coalesce(sum((message->'data'->'usage_metadata'->>'output_tokens')::bigint), 0)"
+        " from public.chat_message_history where message->>'type' = 'ai'"
+    ).fetchone()
+    assert row is not None
+    expected = dict(
+        zip(("turns", "prompt_tokens", "completion_tokens"), map(int, row), strict=True)
+    )
+    return Analytics(samples, plans, report.totals == expected, report.totals, expected)
+
+
+def view_plan(conn: psycopg.Connection[Any], view: str) -> ViewPlan:
+    """EXPLAIN (ANALYZE, BUFFERS) of the whole view, as memchat_analyst."""
+    from psycopg import sql
+
+    query = sql.SQL("select * from {}").format(sql.Identifier(analytics.SCHEMA, view))
+    with conn.transaction(force_rollback=True):
+        conn.execute(sql.SQL("set local role {}").format(sql.Identifier(analytics.ANALYST_ROLE)))
+        conn.execute(query)  # once, so the buffers are warm
+        row = conn.execute(
+            sql.SQL("explain (analyze, buffers, format json) {}").format(query)
+        ).fetchone()
+        assert row is not None
+        text = "\n".join(
+            r[0] for r in conn.execute(sql.SQL("explain (analyze, buffers) {}").format(query))
+        )
+    top = row[0][0]
+    nodes: list[dict[str, Any]] = []
+    _walk(top["Plan"], nodes)
+    relations: dict[str, tuple[int, int]] = {}
+    for n in nodes:
+        if "Relation Name" in n:
+            r0, b0 = relations.get(n["Relation Name"], (0, 0))
+            relations[n["Relation Name"]] = (
+                r0 + int(n["Actual Rows"] * n["Actual Loops"]),
+                b0 + int(n["Shared Hit Blocks"] + n["Shared Read Blocks"]),
+            )
+    plan = top["Plan"]
+    return ViewPlan(
+        view=view,
+        rows=int(plan["Actual Rows"]),
+        relations=relations,
+        buffers=int(plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]),
+        execution_ms=float(top["Execution Time"]),
+        text=text,
+    )
+
+
+def analytics_report(result: Analytics, iterations: int, explain: bool) -> None:
+    print()
+    print(
+        "Operator analytics: `memchat stats`' read (analytics.read: one read-only transaction"
+        f" as memchat_analyst, every view), {iterations} times per window after one warm-up,"
+        " over every user's data:"
+    )
+    print()
+    rows = []
+    for label, samples in result.samples.items():
+        st = common.summarize(samples)
+        rows.append([label, fmt(st.median), fmt(st.p95), fmt(st.minimum)])
+    print(common.format_table(["window", "median ms", "p95 ms", "min ms"], rows))
+    print()
+    print("Views (EXPLAIN ANALYZE BUFFERS of `select * from` the view, as memchat_analyst):")
+    print()
+    print(
+        common.format_table(
+            ["view", "rows", "relations read: rows / buffers", "buffers", "server ms"],
+            [
+                [
+                    p.view,
+                    f"{p.rows:,}",
+                    "; ".join(
+                        f"{name} {r:,} / {b:,}" for name, (r, b) in sorted(p.relations.items())
+                    ),
+                    f"{p.buffers:,}",
+                    fmt(p.execution_ms),
+                ]
+                for p in result.plans
+            ],
+        )
+    )
+    print()
+    if explain:
+        for p in result.plans:
+            print(f"{p.view}:")
+            print("\n".join("    " + line for line in p.text.splitlines()))
+            print()
+    verdict = "match" if result.totals_ok else "DO NOT match"
+    print(
+        f"analytics totals (all time) {verdict} the messages: report {result.totals},"
+        f" messages {result.expected}"
+    )
+
+
 # ------------------------------------------------------------------ report
 
 
@@ -707,6 +851,9 @@ async def run(args: argparse.Namespace) -> int:
             check_answers(cases, last)
             plans = plans_for(target.url, filled.owners)
             report(admin, target, args, filled, cases, samples, plans, http_note, load_at_start)
+            if args.analytics_iterations:
+                result = time_analytics(target.url, admin, args.analytics_iterations)
+                analytics_report(result, args.analytics_iterations, args.explain)
         finally:
             if client is not None:
                 await client.aclose()
@@ -740,6 +887,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"rate one answer in this many ({FEEDBACK_EVERY}); e.g. 2000 to hold the"
         " feedback (nearly) constant while messages grow",
     )
+    parser.add_argument(
+        "--analytics-iterations",
+        type=int,
+        default=20,
+        help="timed reads of the operator's analytics per window (20; 0: skip them)",
+    )
     parser.add_argument("--seed", type=int, default=13, help="random seed (13)")
     parser.add_argument("--no-http", action="store_true", help="skip the HTTP variant")
     parser.add_argument("--explain", action="store_true", help="print the full plans")
@@ -748,6 +901,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--sizes: even numbers >= {2 * SESSIONS} (question + answer pairs)")
     if args.feedback_every < 1:
         parser.error("--feedback-every must be >= 1")
+    if args.analytics_iterations < 0:
+        parser.error("--analytics-iterations must be >= 0")
     args.sizes = sorted(args.sizes)
     return args
 

@@ -56,6 +56,28 @@ def _long_conversation(url: str, bearer: dict[str, str], sid: str, prefix: str) 
         assert r.status_code == 200, r.text
 
 
+def _summary_in_reach(url: str, bearer: dict[str, str], sid: str, seconds: float = 30) -> str:
+    """The session's summary, once the next turn will use it: the worker has
+    run since the last burst of turns, so no more than the window and the
+    trigger (10 + 10 by default) of the session's messages lie after what the
+    summary covers (the worker may run mid-burst: its first summary alone
+    says nothing about the next turn)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        exported = httpx.get(f"{url}/chat/export/{sid}", headers=bearer, timeout=10).json()
+        session = exported["session"]
+        covers = session["summary_covers_until"]
+        after = [
+            m
+            for m in exported["messages"]
+            if m["role"] in ("user", "assistant") and covers is not None and m["id"] > covers
+        ]
+        if session["summary"] and len(after) <= 20:
+            return str(session["summary"])
+        assert time.monotonic() < deadline, f"no usable summary after {seconds} s: {session}"
+        time.sleep(0.25)
+
+
 def _start_dev(env: dict[str, str], cwd: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
     """`memchat dev` on a free port; returns the process and its base URL."""
     port = free_port()
@@ -124,13 +146,8 @@ def test_dev_starts_from_nothing_with_embedded_postgres(tmp_path: Path) -> None:
         # Summaries appear on a long conversation: the background worker.
         sid = asked.json()["session_id"]
         _long_conversation(url, bearer, sid, "planning step")
-        summary = None
-        deadline = time.monotonic() + 30
-        while summary is None and time.monotonic() < deadline:
-            exported = httpx.get(f"{url}/chat/export/{sid}", headers=bearer, timeout=10)
-            summary = exported.json()["session"]["summary"]
-            time.sleep(0.5)
-        assert summary and summary.startswith("[offline summary]")
+        summary = _summary_in_reach(url, bearer, sid)
+        assert summary.startswith("[offline summary]")
         assert "planning step 0" in summary
         later = httpx.post(
             f"{url}/chat",

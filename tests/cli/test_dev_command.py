@@ -147,12 +147,18 @@ def test_dev_logs_one_line_per_request_and_stops_its_postgres_on_sigterm(
 
     time_ = r"^\d\d:\d\d:\d\d "
     duration = r"\d+\.\d ms"
-    dev.wait_for(rf"{time_}POST /chat 200 {duration} req=dev-req-1 user={user_id}$")
+    chat_id = r.headers["x-request-id"]
+    dev.wait_for(
+        rf"{time_}POST /chat 200 {duration} req={chat_id} user={user_id} client_req=dev-req-1$"
+    )
     export_id = exported.headers["x-request-id"]
     dev.wait_for(
         rf"{time_}GET /chat/export/\{{session_id\}} 200 {duration} req={export_id} user={user_id}$"
     )
-    dev.wait_for(rf"{time_}GET /memory 401 {duration} req=dev-req-3 user=-$")
+    missing_id = missing.headers["x-request-id"]
+    dev.wait_for(
+        rf"{time_}GET /memory 401 {duration} req={missing_id} user=- client_req=dev-req-3$"
+    )
     health = re.findall(rf"{time_}GET /health 200 {duration} req=\w+ user=-$", dev.output(), re.M)
     assert health  # wait_healthy's polls
 

@@ -118,6 +118,40 @@ def test_chat_needs_a_token(lambda_: LambdaRuntime, model) -> None:
     assert model.calls == 0
 
 
+@pytest.mark.parametrize(
+    ("client_id", "logged"),
+    [
+        ("web-7:retry.2", True),
+        ('x","request_id":"forged-id","user_id":"forged-user', False),
+        ("forged-id\nforged line", False),
+    ],
+    ids=["safe", "fake-json", "newline"],
+)
+def test_the_gateway_request_id_is_memchats_whatever_the_client_sends(
+    lambda_: LambdaRuntime, model, client_id: str, logged: bool
+) -> None:
+    """Attacks log forging behind API Gateway: the client's X-Request-ID is
+    never the request id (error JSON, header, correlation id); a safe one is
+    logged as client_request_id on the access line, any other nowhere."""
+    event = http_event("chat.json", body={"message": "hi"})
+    event["headers"]["x-request-id"] = client_id
+    gateway_id = event["requestContext"]["requestId"]
+
+    response = lambda_.invoke("chat", event)
+
+    assert response["statusCode"] == 401
+    assert response["headers"]["x-request-id"] == body_of(response)["request_id"] == gateway_id
+    lines = lambda_.log_records()
+    (line,) = [r for r in lines if r.get("message") == "request"]
+    assert line["request_id"] == line["correlation_id"] == gateway_id
+    assert all(r.get("correlation_id") in (None, gateway_id) for r in lines)
+    if logged:
+        assert line["client_request_id"] == client_id
+    else:
+        assert "client_request_id" not in line
+        assert "forged" not in lambda_.logs.getvalue()
+
+
 def test_clear_session(lambda_: LambdaRuntime, users: UserFactory, model) -> None:
     token = token_for(users.create().user_id)
     session_id = chat(lambda_, token, "hello")["session_id"]

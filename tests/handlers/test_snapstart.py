@@ -249,7 +249,7 @@ def test_snapshot_then_restore_then_the_first_request(
     warm_up = [
         r
         for r in lambda_.log_records()
-        if r.get("request_id") == "snapstart-warm-up" and "status" in r
+        if r.get("client_request_id") == "snapstart-warm-up" and "status" in r
     ]
     # One refused request without a token, one with a malformed one, /health.
     assert sorted(r.get("status") for r in warm_up) == [200, 401, 401]

@@ -905,8 +905,8 @@ def test_tracing_needs_no_other_build() -> None:
     script = BUILD_SCRIPT.read_text()
     found = re.search(r"^TRACER_REQUIREMENTS=\(([^)]*)\)$", script, re.M)
     assert found and "aws-xray-sdk" in found.group(1).split()
-    pins = (ROOT / "infra" / "lambda-constraints.txt").read_text()
-    assert re.search(r"^aws-xray-sdk==\S+$", pins, re.M)
+    lock = (ROOT / "infra" / "lambda-constraints.txt").read_text()
+    assert re.search(r"^aws-xray-sdk==[^\s\\]+ \\\n\s+--hash=sha256:[0-9a-f]{64}", lock, re.M)
     assert TEMPLATE_DATA["Conditions"]["TracingOn"] == {
         "Fn::Equals": [{"Ref": "EnableTracing"}, "Active"]
     }

@@ -17,6 +17,7 @@ import pytest
 
 from memchat import store
 from memchat.db import Database
+from memchat.errors import DatabasePermissionDenied
 from memchat.usecases.cleanup import run_cleanup
 from tests.conftest import make_settings
 from tests.utils.api import ApiClient
@@ -90,7 +91,7 @@ async def test_a_statement_without_the_switch_is_refused_through_the_pooler(
     statement without the switch must not inherit its role or claims."""
     alice = users.create()
     await record(single_db, alice, exchange("q", "a"))
-    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+    with pytest.raises(DatabasePermissionDenied):
         async with single_db.pipeline(None) as conn:
             await conn.execute("select count(*) from public.chat_sessions")
 

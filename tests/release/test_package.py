@@ -1,4 +1,4 @@
-"""The Lambda package as Lambda runs it: no stale byte-code, only pinned versions.
+"""The Lambda package as Lambda runs it: no stale byte-code, only the locked files.
 
 `sam deploy` zips each function's build with every entry dated 1980-01-01
 (samcli.lib.package.utils.make_zip_with_permissions: a bare
@@ -39,7 +39,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = ROOT / "infra" / "build_lambda.sh"
-CONSTRAINTS = ROOT / "infra" / "lambda-constraints.txt"
+# The lock: every dependency pinned with == and the sha256 of its files.
+LOCK = ROOT / "infra" / "lambda-constraints.txt"
 RUNTIME_VERSION = re.search(r'^PYTHON_VERSION="([\d.]+)"', BUILD_SCRIPT.read_text(), re.M)
 assert RUNTIME_VERSION, "infra/build_lambda.sh names no PYTHON_VERSION"
 RUNTIME = RUNTIME_VERSION.group(1)
@@ -315,14 +316,32 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+HASH_OPTION = re.compile(r"--hash=sha256:([0-9a-f]{64})")
+
+
+def lock_entries(text: str) -> dict[str, tuple[str, list[str]]]:
+    """A lock file's requirements, read as pip reads them: name -> (version, sha256s).
+
+    Strict: each (continued) line is `name==version` and `--hash=sha256:...`
+    options only; anything else fails the calling test.
+    """
+    entries: dict[str, tuple[str, list[str]]] = {}
+    for line in text.replace("\\\n", " ").splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        requirement, *options = line.split()
+        name, _, version = requirement.partition("==")
+        assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name), line
+        assert re.fullmatch(r"[A-Za-z0-9.+!]+", version), line  # exact: no ranges, no wildcards
+        hashes = [HASH_OPTION.fullmatch(option) for option in options]
+        assert all(hashes), f"not a sha256 hash option in: {line}"
+        assert canonical(name) not in entries, f"{name} twice"
+        entries[canonical(name)] = (version, [h.group(1) for h in hashes if h])
+    return entries
+
+
 def pins() -> dict[str, str]:
-    found = {}
-    for line in CONSTRAINTS.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, _, version = line.partition("==")
-            assert version and not any(c in version for c in " ;<>,"), line
-            found[canonical(name)] = version
-    return found
+    return {name: version for name, (version, _) in lock_entries(LOCK.read_text()).items()}
 
 
 def test_the_package_ships_exactly_the_pinned_versions(package: Path) -> None:

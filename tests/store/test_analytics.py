@@ -1,12 +1,18 @@
-"""The operator's analytics views (memchat_analytics, migration *_feedback_stats.sql).
+"""The operator's analytics views (memchat_analytics, migrations
+*_feedback_stats.sql and *_analytics_without_content.sql).
 
 - Across users, the views add up a scripted history exactly: turns, tokens,
   latency, users per day, models, feedback rates, session lengths, recall
   and summary use; `memchat.analytics` filters them by days and agent.
+- Users and sessions appear as keyed hashes (HMAC-SHA256 under the secret in
+  memchat.analytics_key), the same as Python's hmac computes; rotating the
+  secret changes them and nothing else.
 - Only `memchat_analyst` (and the tables' owner) can read them: `anon`,
   `authenticated`, `memchat_user` with a user's claims, `service_role` and
   the login roles are refused on every view.
-- `memchat_analyst` sees every user's rows and can write nothing.
+- `memchat_analyst` sees every user's numbers through the views (they run
+  with their owner's rights), and can read no table and write nothing.
+  (tests/store/test_analyst_sees_no_content.py: no text a user wrote.)
 
 The history lives in a database of its own on the test server (created and
 migrated for this module), so the views hold nothing but it.
@@ -15,6 +21,7 @@ migrated for this module), so the views hold nothing but it.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +42,7 @@ from tests.utils.analytics_data import (
     at,
     fresh_database,
     login_with_own_rights,
+    pseudonym,
     turn,
     utc_today,
 )
@@ -52,6 +60,7 @@ class History:
     today: dt.date
     day1: dt.date  # yesterday
     day9: dt.date  # nine days ago
+    sessions: dict[uuid.UUID, uuid.UUID]  # session id -> its user's id
 
 
 @pytest.fixture(scope="module")
@@ -73,28 +82,28 @@ async def history(fresh: Fresh) -> AsyncIterator[History]:
     db = Database(fresh.api_url, max_connections=2)
     rec = Recorder(db, fresh.admin)
     try:
-        _, (a0,) = await rec.session(
+        s_a0, (a0,) = await rec.session(
             a, "support", [turn(at(day9, "10:00"), "gpt-a", 1000, 100, 500)],
             started=at(day9, "09:59"),
         )  # fmt: skip
-        _, a1 = await rec.session(
+        s_a1, a1 = await rec.session(
             a, "support",
             [turn(at(day1, "10:00"), "gpt-a", 100, 20, 100),
              turn(at(day1, "10:10"), "gpt-a", 150, 30, 200, recalled=2, after_tool=True),
              turn(at(day1, "10:20"), "gpt-a", 200, 40, 300, summary_used=True)],
             started=at(day1, "09:50"),
         )  # fmt: skip
-        _, (a2,) = await rec.session(
+        s_a2, (a2,) = await rec.session(
             a, "support", [turn(at(today, "00:10"), "gpt-b", 50, 10, 400, recalled=1)],
             started=at(today, "00:09"),
         )  # fmt: skip
-        _, b1 = await rec.session(
+        s_b1, b1 = await rec.session(
             b, "support",
             [turn(at(today, "00:20"), "gpt-a", 120, 25, 150),
              turn(at(today, "00:21"), "gpt-a", 80, 15, 250, recalled=3)],
             started=at(today, "00:19"),
         )  # fmt: skip
-        _, b2 = await rec.session(
+        s_b2, b2 = await rec.session(
             b, "sales",
             [*(turn(at(today, f"00:3{i}"), "gpt-b", 10, 5, 50) for i in range(5)),
              (at(today, "00:40"), [messages.ai("an old answer")])],
@@ -111,19 +120,22 @@ async def history(fresh: Fresh) -> AsyncIterator[History]:
         await rec.rate(b, b2[2], -1, at(today, "01:00"), comment="wrong")
     finally:
         await db.close()
-    yield History(fresh, a, b, today, day1, day9)
+    sessions = {s: a.user_id for s in (s_a0, s_a1, s_a2)} | {s: b.user_id for s in (s_b1, s_b2)}
+    yield History(fresh, a, b, today, day1, day9, sessions)
 
 
 def view_rows(conn: psycopg.Connection, view: str, role: str | None) -> list[dict[str, Any]]:
-    """A view's rows as `role` (None: the owner), ordered by its first two columns."""
+    """A view's rows as `role` (None: the owner), ordered by its columns
+    left to right (for the daily views: day, then model or agent)."""
+    relation = sql.Identifier("memchat_analytics", view)
     with conn.transaction(force_rollback=True):
         if role:
             conn.execute(sql.SQL("set local role {}").format(sql.Identifier(role)))
-        cur = conn.execute(
-            sql.SQL("select * from {} order by 1, 2").format(
-                sql.Identifier("memchat_analytics", view)
-            )
+        width = len(
+            conn.execute(sql.SQL("select * from {} limit 0").format(relation)).description or ()
         )
+        order = sql.SQL(", ").join(sql.Literal(i) for i in range(1, width + 1))
+        cur = conn.execute(sql.SQL("select * from {} order by {}").format(relation, order))
         names = [d.name for d in cur.description or ()]
         return [dict(zip(names, row, strict=True)) for row in cur]
 
@@ -143,7 +155,15 @@ def test_the_views_add_up_the_history_across_users(history: History, reader: str
 
     turns = view_rows(conn, "turns", role)
     assert len(turns) == 13  # the tool round is not a turn; each final answer is
-    assert {t["user_id"] for t in turns} == {history.a.user_id, history.b.user_id}
+    # Users and sessions under their keyed hashes, never their ids.
+    assert {t["user_pseudonym"] for t in turns} == {
+        pseudonym(conn, history.a.user_id),
+        pseudonym(conn, history.b.user_id),
+    }
+    assert {t["session_pseudonym"] for t in turns} == {
+        pseudonym(conn, user_id, session_id) for session_id, user_id in history.sessions.items()
+    }
+    assert {"message_id", "session_id", "user_id"}.isdisjoint(turns[0])
     assert sum(t["prompt_tokens"] for t in turns) == 1000 + 450 + 50 + 200 + 50
     assert sum(t["completion_tokens"] for t in turns) == 100 + 90 + 10 + 40 + 25
 
@@ -207,18 +227,36 @@ def test_the_views_add_up_the_history_across_users(history: History, reader: str
 def test_the_session_counters_match_the_turns(history: History) -> None:
     """What session_lengths counts (the sessions' counters) agrees with the
     turn-level views while no session was cleared."""
-    rows = history.fresh.admin.execute(
-        "select s.turn_count, s.prompt_tokens, s.completion_tokens,"
-        "       (select count(*) from memchat_analytics.turns t where t.session_id = s.id),"
-        "       (select sum(t.prompt_tokens) from memchat_analytics.turns t"
-        "         where t.session_id = s.id),"
-        "       (select sum(t.completion_tokens) from memchat_analytics.turns t"
-        "         where t.session_id = s.id)"
-        "  from public.chat_sessions s"
+    conn = history.fresh.admin
+    counters = {
+        pseudonym(conn, user_id, session_id): (turns, prompt, completion)
+        for session_id, user_id, turns, prompt, completion in conn.execute(
+            "select id, user_id, turn_count, prompt_tokens, completion_tokens"
+            "  from public.chat_sessions"
+        ).fetchall()
+    }
+    summed = conn.execute(
+        "select session_pseudonym, count(*), sum(prompt_tokens), sum(completion_tokens)"
+        "  from memchat_analytics.turns group by 1"
     ).fetchall()
-    assert len(rows) == 5
-    for turns, prompt, completion, counted, summed_prompt, summed_completion in rows:
-        assert (turns, prompt, completion) == (counted, summed_prompt, summed_completion)
+    assert len(counters) == 5
+    assert {key: tuple(values) for key, *values in summed} == counters
+
+
+def test_rotating_the_secret_changes_the_pseudonyms_and_nothing_else(history: History) -> None:
+    """The one-line rotation of docs/analytics.md: new random secret, new
+    pseudonyms (still the HMAC of the ids under it), the same numbers."""
+    conn = history.fresh.admin
+    before = {view: view_rows(conn, view, None) for view in VIEWS}
+    old = pseudonym(conn, history.a.user_id)
+    with conn.transaction(force_rollback=True):
+        conn.execute("update memchat.analytics_key set secret = default, rotated_at = default")
+        new = pseudonym(conn, history.a.user_id)
+        assert new != old
+        after = view_rows(conn, "turns", None)
+        assert new in {t["user_pseudonym"] for t in after}
+        assert old not in {t["user_pseudonym"] for t in after}
+        assert {view: view_rows(conn, view, None) for view in VIEWS} == before
 
 
 # ------------------------------------------------- memchat.analytics (stats)
@@ -275,8 +313,10 @@ def test_the_report_reads_the_window_and_the_agent_as_the_analyst(history: Histo
 def test_a_login_that_cannot_become_the_analyst_reads_with_its_own_rights(
     history: History, role_password: str | None
 ) -> None:
-    """Set role refused: the report goes on as the login, says so, and shows
-    what that login may see (here: no row)."""
+    """Set role refused: the report goes on as the login and says so; with
+    the analyst's grants of its own, it sees what the analyst sees (the
+    views run with their owner's rights: the grant on a view is the whole
+    permission)."""
     fresh = history.fresh
     with login_with_own_rights(fresh, role_password) as probe:
         report = analytics.read_report(fresh.url_as(probe, role_password), days=30)
@@ -286,8 +326,9 @@ def test_a_login_that_cannot_become_the_analyst_reads_with_its_own_rights(
         f" (grant memchat_analyst to {probe} to read as the operator role)"
     )
     assert report.as_dict()["as_analyst"] is False
-    assert all(rows == [] for rows in report.rows.values())
-    assert analytics.read(fresh.admin, days=30, agent=None).rows["daily_active_users"] != []
+    as_analyst = analytics.read(fresh.admin, days=30, agent=None)
+    assert as_analyst.as_analyst and as_analyst.rows["daily_active_users"] != []
+    assert report.rows == as_analyst.rows
 
     # A login without those rights gets a sentence, not a traceback.
     with pytest.raises(analytics.AnalyticsError) as refused_login:
@@ -345,6 +386,42 @@ def test_only_the_analyst_has_the_schema(history: History) -> None:
 # ------------------------------------------------------- the analyst role
 
 
+def test_the_analyst_selects_the_views_and_nothing_else(history: History) -> None:
+    """Its only rights on relations are select on the views, which run with
+    their owner's (the tables' owner's) rights behind a security barrier."""
+    conn = history.fresh.admin
+    readable = conn.execute(
+        "select format('%I.%I', n.nspname, c.relname) from pg_class c"
+        "  join pg_namespace n on n.oid = c.relnamespace"
+        " where n.nspname not in ('pg_catalog', 'information_schema')"
+        "   and (has_table_privilege('memchat_analyst', c.oid,"
+        "          'select, insert, update, delete, truncate, references, trigger')"
+        "        or has_any_column_privilege('memchat_analyst', c.oid,"
+        "          'select, insert, update, references'))"
+        " order by 1"
+    ).fetchall()
+    assert readable == [(f"memchat_analytics.{v}",) for v in sorted([*VIEWS, "turns"])]
+    views = conn.execute(
+        "select c.relname, c.relkind, c.reloptions, c.relowner = t.relowner"
+        "  from pg_class c, pg_class t"
+        " where c.relnamespace = 'memchat_analytics'::regnamespace"
+        "   and t.oid = 'public.chat_message_history'::regclass"
+        " order by 1"
+    ).fetchall()
+    assert [v[0] for v in views] == sorted([*VIEWS, "turns"])
+    for name, kind, options, same_owner in views:
+        assert (kind, same_owner) == ("v", True), name
+        assert set(options) == {"security_invoker=false", "security_barrier=true"}, name
+    schemas = conn.execute(
+        "select nspname from pg_namespace"
+        " where has_schema_privilege('memchat_analyst', oid, 'usage, create')"
+        "   and nspname not in ('pg_catalog', 'information_schema')"
+        " order by 1"
+    ).fetchall()
+    # `public`: PostgreSQL's own default usage for PUBLIC; nothing in it is granted.
+    assert [n for (n,) in schemas if n != "public"] == ["memchat_analytics"]
+
+
 def test_the_analyst_reads_every_view_and_every_users_rows(history: History) -> None:
     conn = history.fresh.admin
     for view in VIEWS:
@@ -356,8 +433,14 @@ def test_the_analyst_reads_every_view_and_every_users_rows(history: History) -> 
     assert role_row == (False, False, False, False)
 
 
-# Everything but reading the three tables the views need.
+# Everything but reading the views: no table, no key, no write.
 REFUSED_TO_THE_ANALYST = {
+    "read sessions": "select * from public.chat_sessions",
+    "read messages": "select * from public.chat_message_history",
+    "read feedback": "select * from memchat.message_feedback",
+    "read the pseudonyms' key": "select * from memchat.analytics_key",
+    "read the raw turns": "select * from memchat.analytics_turns",
+    "rotate the key": "update memchat.analytics_key set secret = default",
     "add a session": "insert into public.chat_sessions (id, user_id, agent_name)"
     " values (gen_random_uuid(), %(a)s, 'default')",
     "rename sessions": "update public.chat_sessions set title = 'x'",

@@ -72,7 +72,8 @@ def test_anon_has_no_privileges(admin: psycopg.Connection, table: str) -> None:
 
 # Who each policy is for: the Data API (`authenticated`, whose member
 # `memchat_user` reads as it does), the API's writes (`memchat_user`), the
-# TTL cleanup (`memchat_cleanup`), the operator's analytics (`memchat_analyst`).
+# TTL cleanup (`memchat_cleanup`). The operator's analytics (`memchat_analyst`)
+# reads owner-rights views, never these tables.
 POLICY_ROLES = {
     "chat_sessions": {
         ("SELECT", "authenticated"),
@@ -82,7 +83,6 @@ POLICY_ROLES = {
         ("SELECT", "memchat_cleanup"),
         ("UPDATE", "memchat_cleanup"),
         ("DELETE", "memchat_cleanup"),
-        ("SELECT", "memchat_analyst"),
     },
     "user_agent_active_sessions": {
         ("SELECT", "authenticated"),
@@ -96,7 +96,6 @@ POLICY_ROLES = {
         ("INSERT", "memchat_user"),
         ("DELETE", "memchat_user"),
         ("SELECT", "memchat_cleanup"),
-        ("SELECT", "memchat_analyst"),
     },
     "agent_long_term_memory": {
         ("SELECT", "authenticated"),
@@ -123,10 +122,6 @@ def test_policies_name_their_roles_and_use_wrapped_auth_uid(
         assert len(roles) == 1, name
         expressions = [e for e in (qual, with_check) if e is not None]
         assert expressions, name
-        if roles == ["memchat_analyst"]:
-            # The operator reads every user's rows (the analytics views), writes none.
-            assert (qual, with_check) == ("true", None), name
-            continue
         if roles == ["memchat_cleanup"]:
             # The cleanup acts for no user: it sees expired sessions only.
             assert all("auth.uid()" not in e for e in expressions), name

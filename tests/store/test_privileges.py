@@ -25,7 +25,8 @@ from psycopg.types.json import Jsonb
 
 from memchat import messages, store
 from memchat.db import Database
-from memchat.errors import PayloadTooLarge
+from memchat.errors import DatabasePermissionDenied, PayloadTooLarge
+from memchat.throttle import Rate
 from tests.store.conftest import World, affected, refused
 from tests.utils.store_data import (
     acting_as,
@@ -94,10 +95,21 @@ def test_the_api_login_has_no_rights_of_its_own(admin: psycopg.Connection) -> No
     assert (inherits, schema_usage) == (False, False)
 
 
-def test_the_summary_worker_sees_the_queues_ids_and_nothing_else(
+WORKER_FUNCTIONS = {
+    "memchat.summary_claim(integer,double precision)",
+    "memchat.summary_lag()",
+    "memchat.summary_source(uuid,integer,integer)",
+    "memchat.summary_save(uuid,text,bigint,bigint)",
+    "memchat.summary_done(uuid,integer)",
+    "memchat.summary_failed(uuid,double precision)",
+}
+
+
+def test_the_summary_worker_has_its_functions_and_nothing_else(
     admin: psycopg.Connection,
 ) -> None:
-    """Its one right of its own: which sessions are due, and whose."""
+    """No table or column right anywhere, no role to become: only the queue's
+    functions, which act on the items a claim leased to it."""
     held = {
         (table, privilege)
         for table in all_tables(admin)
@@ -107,22 +119,28 @@ def test_the_summary_worker_sees_the_queues_ids_and_nothing_else(
         ).fetchone()
         == (True,)
     }
-    assert held == set()  # no table-wide right anywhere
+    assert held == set()
     columns = admin.execute(
-        "select column_name, privilege_type from information_schema.column_privileges"
-        " where grantee = 'memchat_worker' order by 1, 2"
+        "select table_name, column_name, privilege_type from information_schema.column_privileges"
+        " where grantee = 'memchat_worker'"
     ).fetchall()
-    assert {c for c, _ in columns} == {
-        "session_id",
-        "user_id",
-        "due_since",
-        "attempts",
-        "next_attempt_at",
+    assert columns == []
+    roles = admin.execute(
+        "select r.rolname from pg_roles r"
+        " where pg_has_role('memchat_worker', r.oid, 'member') and r.rolname <> 'memchat_worker'"
+    ).fetchall()
+    assert roles == []
+    callable_ = {
+        row[0]
+        for row in admin.execute(
+            "select p.oid::regprocedure::text from pg_proc p"
+            " where p.pronamespace in ('memchat'::regnamespace, 'public'::regnamespace,"
+            "                          'auth'::regnamespace)"
+            "   and has_function_privilege('memchat_worker', p.oid, 'execute')"
+        ).fetchall()
     }
-    assert {(c, p) for c, p in columns if p == "UPDATE"} == {
-        ("attempts", "UPDATE"),
-        ("next_attempt_at", "UPDATE"),
-    }
+    # auth.* are Supabase's helpers (granted to its roles, never to ours).
+    assert {f for f in callable_ if not f.startswith("auth.")} == WORKER_FUNCTIONS
     (inherits,) = admin.execute(
         "select rolinherit from pg_roles where rolname = 'memchat_worker'"
     ).fetchone()
@@ -141,7 +159,7 @@ WITHOUT_THE_SWITCH = {
     "insert a message": "insert into public.chat_message_history (session_id, user_id, message)"
     " values (%(a_session)s, %(a)s, %(message)s)",
     "delete sessions": "delete from public.chat_sessions",
-    "read the throttle": "select * from memchat.chat_rate",
+    "read the throttle": "select * from memchat.rate_buckets",
 }
 
 
@@ -161,12 +179,12 @@ async def test_a_store_call_without_claims_is_refused(database_url: str, world: 
     """The store's own connection handling, with the switch left out (claims=None)."""
     db = Database(database_url)
     try:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with pytest.raises(DatabasePermissionDenied):
             async with db.pipeline(None) as conn:
                 cur = conn.cursor()
                 await cur.execute(
                     store.LOAD_CONTEXT,
-                    (world.a_session, "default", 10, True, None, None, 0, 1, 0),
+                    (world.a_session, "default", 10, True, None, None, 0, 1, 0, 0),
                 )
         assert await store.database_ok(db)  # the health check needs no table
     finally:
@@ -448,18 +466,32 @@ def test_the_cleanup_sees_expired_sessions_only(
     "statement",
     [
         "select message from public.chat_message_history",
-        "select user_id from public.chat_message_history",
-        "select user_id, title, summary from public.chat_sessions",
+        "select client_message_id from public.chat_message_history",
+        "select title, summary from public.chat_sessions",
         "select * from public.agent_long_term_memory",
         "select * from public.user_agent_active_sessions",
         "insert into public.chat_sessions (id, user_id) values (gen_random_uuid(), %(a)s)",
-        "select * from memchat.chat_rate",
+        "select * from memchat.rate_buckets",
+        "select * from memchat.notes_versions",
     ],
 )
 def test_the_cleanup_reads_no_content_and_writes_nothing_else(
     cleaner: psycopg.Connection, world: World, expired: uuid.UUID, statement: str
 ) -> None:
     assert sqlstate(cleaner, statement, world.params) == "42501"
+
+
+def test_the_cleanup_sees_no_message_of_a_live_session(
+    cleaner: psycopg.Connection, world: World, expired: uuid.UUID
+) -> None:
+    """Review finding 7: the cleanup could read every live message's id. Now
+    only the messages of expired sessions (what it deletes and counts)."""
+    seen = cleaner.execute(
+        "select session_id, count(*) from public.chat_message_history"
+        " where session_id = any(%s) group by 1",
+        ([world.a_session, world.b_session],),
+    ).fetchall()
+    assert seen == [(expired, 2)]
 
 
 def test_the_cleanup_can_neither_extend_nor_delete_a_live_session(
@@ -475,9 +507,10 @@ def test_the_cleanup_can_neither_extend_nor_delete_a_live_session(
 # ---------------------------------------------------- rows a turn may add
 
 
-async def test_delete_me_also_erases_the_throttle_and_claims(
+async def test_delete_me_erases_the_claims_and_keeps_the_throttle(
     db: Database, users: UserFactory, admin: psycopg.Connection
 ) -> None:
+    """Deleting must not reset the throttle (review finding 1)."""
     alice = users.create()
     await store.load_context(
         db,
@@ -487,16 +520,16 @@ async def test_delete_me_also_erases_the_throttle_and_claims(
         window=1,
         client_message_id="k1",
         message="hi",
-        throttle=store.Throttle(60, 5),
+        throttle=Rate(60, 5),
     )
     await record(db, alice, exchange("q", "a"), title=None)
     await store.delete_user_data(db, alice)
     left = admin.execute(
-        "select (select count(*) from memchat.chat_rate where user_id = %(u)s),"
+        "select (select count(*) from memchat.rate_buckets where user_id = %(u)s),"
         " (select count(*) from memchat.turn_claims where user_id = %(u)s)",
         {"u": alice.user_id},
     ).fetchone()
-    assert left == (0, 0)
+    assert left == (1, 0)
 
 
 def test_a_message_jsonb_as_the_api_writes_it_passes(

@@ -176,14 +176,16 @@ def test_b_cannot_point_its_active_session_at_a_session(
 def test_b_cannot_take_over_a_session_id_by_upsert(
     conn: psycopg.Connection, world: World, unchanged: None
 ) -> None:
-    """What record_turn issues: an upsert on the session id."""
+    """What record_turn issues: an upsert on the session's key (id, user_id).
+    B naming A as the owner is refused; B's own session with A's id is
+    another row, and A's stays as it was."""
+    upsert = (
+        "insert into public.chat_sessions as s (id, user_id) values (%(a_session)s, {owner})"
+        " on conflict (id, user_id) do update set title = 'mine', message_count = 0"
+    )
     with acting_as(conn, world.b.claims):
-        assert refused(
-            conn,
-            "insert into public.chat_sessions as s (id, user_id) values (%(a_session)s, %(b)s)"
-            " on conflict (id) do update set title = 'mine', message_count = 0",
-            world.params,
-        )
+        assert refused(conn, upsert.format(owner="%(a)s"), world.params)
+        assert affected(conn, upsert.format(owner="%(b)s"), world.params) == 1
 
 
 @pytest.mark.parametrize("table", TABLES)
@@ -221,17 +223,26 @@ def test_anon_can_neither_read_nor_write(
 
 
 async def test_b_cannot_load_a_session(db, users: UserFactory, world: World, unchanged) -> None:
+    """Session ids are per user: A's id is, for B, an id with no session yet."""
     b = users.create()
-    with pytest.raises(SessionNotFound):
-        await store.load_context(db, b, session_id=world.a_session, agent_name="default", window=10)
+    ctx = await store.load_context(
+        db, b, session_id=world.a_session, agent_name="default", window=10
+    )
+    assert ctx.session is None and ctx.messages == [] and ctx.summary is None
 
 
 async def test_b_cannot_record_a_turn_into_a_session(
-    db, users: UserFactory, world: World, unchanged
+    db, admin, users: UserFactory, world: World, unchanged
 ) -> None:
+    """A turn of B's under A's session id goes into B's own session of that id."""
     b = users.create()
-    with pytest.raises(SessionNotFound):
-        await store.record_turn(db, b, turn(world.a_session, exchange("mine now?", "no")))
+    info = await store.record_turn(db, b, turn(world.a_session, exchange("mine now?", "no")))
+    assert info.id == world.a_session and info.message_count == 2
+    owners = admin.execute(
+        "select user_id from public.chat_sessions where id = %s order by user_id = %s",
+        (world.a_session, b.user_id),
+    ).fetchall()
+    assert owners == [(world.a.user_id,), (b.user_id,)]
 
 
 async def test_b_cannot_clear_a_session(db, users: UserFactory, world: World, unchanged) -> None:

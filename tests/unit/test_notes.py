@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+import re
+from collections.abc import Callable, Iterator
+
 import pytest
 
 from memchat import notes
+from tests.utils.cpu import cpu_per_call
 
 DOC = "\n".join(
     [
@@ -159,3 +164,59 @@ def test_unknown_operation_lists_the_valid_ones() -> None:
 def test_crlf_notes_still_find_their_sections() -> None:
     text = "## A\r\na\r\n## B\r\nb"
     assert notes.apply(text, "delete_section_by_header", header="A") == "## B\r\nb"
+
+
+# ------------------------------------------------------- header parsing
+
+# The header rule as a regex, as notes.py had it: the reference parse_header
+# must agree with. It backtracks quadratically on a long line of #s or blanks.
+_OLD_HEADER = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
+
+
+def _by_regex(line: str) -> notes.Header | None:
+    match = _OLD_HEADER.match(line)
+    return notes.Header(len(match.group(1)), match.group(2)) if match else None
+
+
+def _lines(alphabet: str, longest: int) -> Iterator[str]:
+    for length in range(longest + 1):
+        for chars in itertools.product(alphabet, repeat=length):
+            yield "".join(chars)
+
+
+def test_parse_header_agrees_with_the_regex_it_replaced_on_every_short_line() -> None:
+    """Attacks the linear parse: every line of up to 7 characters over #,
+    space, tab, a letter and a newline, and every run of 0 to 8 #s before
+    lines of up to 5 such characters (the level bound, closing #s, blank-only
+    text, a final newline), parse as the old regex matched them."""
+    alphabet = "# \ta\n"
+    lines = set(_lines(alphabet, 7))
+    lines |= {"#" * hashes + rest for hashes in range(9) for rest in _lines(alphabet, 5)}
+    lines |= {"## Work   projects  ##", "## A\r", "# \r", "#\u00a0x", "### x ## y ##\t"}
+    differing = [line for line in sorted(lines) if notes.parse_header(line) != _by_regex(line)]
+    assert differing == []
+
+
+@pytest.mark.parametrize(
+    "pathological",
+    [
+        lambda n: "# a" + "#" * n + "b",  # closing #s that turn out not to close
+        lambda n: "# " + " " * n + "b" + " " * n + "c",  # blanks, then text again
+    ],
+    ids=["hashes", "blanks"],
+)
+def test_a_long_header_line_costs_linear_time(pathological: Callable[[int], str]) -> None:
+    """Attacks the header parse with lines the old regex took quadratic time
+    on (a 32 KB one: seconds of CPU), through each place a header is parsed:
+    the notes' lines, the content's first line and the header argument.
+    Python's re counts no steps, so CPU time it is: 10x the line must cost
+    about 10x (quadratic: about 100x); the bound is wide to absorb noise."""
+
+    def work(n: int) -> Callable[[], object]:
+        line = pathological(n)
+        return lambda: notes.apply(
+            line, "replace_section_by_header", content=line + "\nbody", header=line
+        )
+
+    small, large = cpu_per_call(work(2_000)), cpu_per_call(work(20_000))
+    assert large / small < 30

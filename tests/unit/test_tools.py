@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from memchat import notes
 from memchat.model import tools
+from tests.utils.cpu import cpu_per_call
 
 
 def test_schema_is_an_openai_function_tool_with_every_operation() -> None:
@@ -73,3 +75,45 @@ def test_errors_are_returned_as_text_never_raised(arguments: dict[str, Any], mes
     result, edit = tools.run(arguments, "## A\na", 100)
     assert edit is None
     assert result.startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (
+            # Stripped, this would be a short section: it is refused as sent.
+            {"operation": "replace_section_by_header", "header": "A", "content": "\n" * 20 + "b"},
+            "error: the content is 21 characters, over the notes limit of 10; send a shorter",
+        ),
+        (
+            {"operation": "delete_section_by_header", "header": "A" + " " * 20},
+            "error: the header is 21 characters, over the notes limit of 10; send a shorter",
+        ),
+    ],
+    ids=["content", "header"],
+)
+def test_arguments_over_the_limit_are_refused_as_sent(
+    arguments: dict[str, Any], message: str
+) -> None:
+    """Attacks the order of the checks: the limit applies to the content and
+    header the model sent, before they are parsed, not only to the notes an
+    edit would leave (which here would fit)."""
+    result, edit = tools.run(arguments, "## A\na", 10)
+    assert edit is None
+    assert result.startswith(message)
+
+
+def test_an_over_long_header_line_is_refused_without_parsing_it() -> None:
+    """Attacks the limit's place with header lines that are costly to parse
+    (closing #s that do not close; the old regex took quadratic time): over
+    the limit, the call costs the same whatever their length, as nothing
+    parses them. Python's re counts no steps, so CPU time it is, with a wide
+    bound: 10x the line must not cost 10x, let alone 100x."""
+
+    def work(n: int) -> Callable[[], object]:
+        line = "# a" + "#" * n + "b"
+        arguments = {"operation": "replace_section_by_header", "header": "a", "content": line}
+        return lambda: tools.run(arguments, "## A\na", 1_000)
+
+    small, large = cpu_per_call(work(2_000)), cpu_per_call(work(20_000))
+    assert large / small < 5

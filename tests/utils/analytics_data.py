@@ -10,6 +10,8 @@ them).
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import hmac
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -200,11 +202,30 @@ class Recorder:
         )
 
 
+def analytics_secret(admin: psycopg.Connection) -> bytes:
+    """The pseudonyms' HMAC key (memchat.analytics_key), as the owner reads it."""
+    row = admin.execute("select secret from memchat.analytics_key").fetchone()
+    assert row is not None
+    return bytes(row[0])
+
+
+def pseudonym(
+    admin: psycopg.Connection, user_id: uuid.UUID, session_id: uuid.UUID | None = None
+) -> str:
+    """What memchat_analytics.turns shows for a user (or one of their
+    sessions): HMAC-SHA256 of the id's bytes (the user's, then the
+    session's) under the current secret, in hex; computed here with Python's
+    hmac, independently of the migration's SQL."""
+    message = user_id.bytes + (session_id.bytes if session_id else b"")
+    return hmac.new(analytics_secret(admin), message, hashlib.sha256).hexdigest()
+
+
 @contextmanager
 def login_with_own_rights(fresh: Fresh, password: str | None) -> Iterator[str]:
-    """A new login holding the analyst's grants itself, but not the role: it
-    may not `set role memchat_analyst`, it may read the views, and RLS shows
-    it no row (the policies name memchat_analyst). Dropped afterwards."""
+    """A new login holding the analyst's grants itself (usage on the schema,
+    select on the views), but not the role: it may not `set role
+    memchat_analyst`, and reads the views with its own rights, which are
+    the same. Dropped afterwards."""
     probe = f"analytics_probe_{uuid.uuid4().hex[:8]}"
     role = sql.Identifier(probe)
     created = sql.SQL("create role {} login").format(role)
@@ -212,17 +233,9 @@ def login_with_own_rights(fresh: Fresh, password: str | None) -> Iterator[str]:
         created += sql.SQL(" password {}").format(sql.Literal(password))
     fresh.admin.execute(created)
     try:
-        fresh.admin.execute(
-            sql.SQL("grant usage on schema memchat_analytics, memchat to {}").format(role)
-        )
+        fresh.admin.execute(sql.SQL("grant usage on schema memchat_analytics to {}").format(role))
         fresh.admin.execute(
             sql.SQL("grant select on all tables in schema memchat_analytics to {}").format(role)
-        )
-        fresh.admin.execute(
-            sql.SQL(
-                "grant select on public.chat_sessions, public.chat_message_history,"
-                " memchat.message_feedback to {}"
-            ).format(role)
         )
         yield probe
     finally:

@@ -8,6 +8,9 @@ from typing import Any
 import httpx
 import psycopg
 
+from memchat.messages import MEMORY_OPEN
+from memchat.usecases.prompt import Remembered, read_memory
+
 ERROR_KEYS = {"error", "detail", "request_id"}
 
 
@@ -35,16 +38,51 @@ async def chat(
 
 
 def conversation(request: dict[str, Any]) -> list[tuple[str, str]]:
-    """(role, content) of the user/assistant messages a model request carried."""
+    """(role, content) of the user/assistant messages a model request carried,
+    the memory block left out."""
+    block = memory_message(request)
     return [
         (m["role"], m["content"])
         for m in request["messages"]
-        if m["role"] in ("user", "assistant") and not m.get("tool_calls")
+        if m["role"] in ("user", "assistant") and not m.get("tool_calls") and m is not block
     ]
 
 
 def system_texts(request: dict[str, Any]) -> list[str]:
     return [m["content"] for m in request["messages"] if m["role"] == "system"]
+
+
+def memory_message(request: dict[str, Any]) -> dict[str, Any] | None:
+    """The memory block's message: the first after the system prompt, a user
+    message that opens with MEMORY_OPEN (None when the request has none)."""
+    first: dict[str, Any] | None = next(
+        (m for m in request["messages"] if m["role"] != "system"), None
+    )
+    if first is None or first["role"] != "user" or not first["content"].startswith(MEMORY_OPEN):
+        return None
+    return first
+
+
+def memory_text(request: dict[str, Any]) -> str | None:
+    """The memory block the model was sent, as sent."""
+    message = memory_message(request)
+    return None if message is None else str(message["content"])
+
+
+def remembered(request: dict[str, Any]) -> Remembered:
+    """What the request's memory block carries, unquoted (empty without a block)."""
+    text = memory_text(request)
+    if text is None:
+        return Remembered()
+    memory = read_memory(text)
+    assert memory is not None, f"not a memory block: {text!r}"
+    return memory
+
+
+def kinds(request: dict[str, Any]) -> list[str]:
+    """The request's messages by role, the memory block as "memory"."""
+    block = memory_message(request)
+    return ["memory" if m is block else m["role"] for m in request["messages"]]
 
 
 def seed_notes(

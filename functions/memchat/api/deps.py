@@ -1,15 +1,17 @@
-"""Reusable dependencies: the app state and the verified caller."""
+"""Reusable dependencies: the app state and the verified caller; the query rules."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated
 
 from fastapi import Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.datastructures import QueryParams
 
 from memchat.api.state import AppState
 from memchat.config import AGENT_NAME_PATTERN
-from memchat.errors import InvalidInput, Unauthorized
+from memchat.errors import BadRequest, InvalidInput, Unauthorized
 from memchat.store import Caller
 
 
@@ -58,10 +60,32 @@ AnyAgentQuery = Annotated[
 """An optional agent filter: every agent when it is not given."""
 
 
-def single_valued_query(request: Request) -> None:
-    """Refuse a repeated query parameter: no endpoint takes a list, and
-    `?limit=5&limit=500` must not quietly mean whichever came last."""
-    keys = request.query_params.keys()
-    repeated = sorted({key for key in keys if len(request.query_params.getlist(key)) > 1})
+MAX_QUERY_PARAMETERS = 50
+"""The most query parameters a request may have. No endpoint takes more than
+three; the rest is room for the ignored ones (cache busters, tracking)."""
+
+
+class TooManyQueryParameters(BadRequest):
+    code = "too_many_query_parameters"
+    detail = (
+        f"The query string has more than {MAX_QUERY_PARAMETERS} parameters;"
+        " no endpoint takes more than a few, so send only those."
+    )
+
+
+def check_query(query_string: bytes) -> None:
+    """Refuse a query string with more than MAX_QUERY_PARAMETERS parameters
+    (400 `too_many_query_parameters`, counted without parsing them) or with
+    a parameter given more than once (422 `validation_error`): no endpoint
+    takes a list, and `?limit=5&limit=500` must not quietly mean whichever
+    came last. Linear in the query string's length; names are compared as
+    the routes see them (percent-decoded, + as a space).
+    """
+    fields = query_string.split(b"&")
+    # What Starlette parses into parameters: the non-empty fields.
+    if len(fields) - fields.count(b"") > MAX_QUERY_PARAMETERS:
+        raise TooManyQueryParameters()
+    counts = Counter(key for key, _ in QueryParams(query_string).multi_items())
+    repeated = sorted(key for key, count in counts.items() if count > 1)
     if repeated:
         raise InvalidInput(f"{', '.join(repeated)}: give each query parameter once.")

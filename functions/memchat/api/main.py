@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from typing import TYPE_CHECKING
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -17,6 +19,7 @@ from memchat import __version__, logs
 from memchat.api import deps, errors
 from memchat.api.state import AppState
 from memchat.config import Settings, get_settings
+from memchat.errors import MemchatError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -80,13 +83,19 @@ class RequestContext:
     """Each request's id (X-Request-ID), its one access log line, and a 500
     in the contract's shape for anything unexpected.
 
+    Before anything else (routing, authentication, the body) the query string
+    is checked (deps.check_query: too many parameters, a repeated one) and a
+    Content-Length over the limit refused: each in linear time, so a request
+    that is refused costs little to refuse.
+
     Plain ASGI, not BaseHTTPMiddleware: a streamed response (SSE, exports)
     reaches the server's own `send` untouched, so its chunks are not relayed
     through another task and a client gone mid-stream is the response's
     business (a streamed chat turn still finishes and is stored). The log
     line (memchat.logs: method, route template, status, duration, request
-    id, user id) comes when the response has ended, with its whole duration;
-    every record logged meanwhile carries the request id.
+    id, user id, the client's own request id) comes when the response has
+    ended, with its whole duration; every record logged meanwhile carries
+    the request id.
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -98,6 +107,7 @@ class RequestContext:
             return
         request = Request(scope)
         request_id = request.state.request_id = _request_id(request)
+        request.state.client_request_id = _client_request_id(request)
         started = time.perf_counter()
         status = 0
         client_gone = False
@@ -111,11 +121,8 @@ class RequestContext:
 
         with logs.request_scope(request_id):
             try:
-                length = request.headers.get("content-length")
-                if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
-                    refusal = errors.error_response(
-                        request, 413, "payload_too_large", TOO_LARGE, CLOSE
-                    )
+                refusal = _refusal(request)
+                if refusal is not None:
                     await refusal(scope, receive, send_with_id)
                 else:
                     await self.app(scope, receive, send_with_id)
@@ -129,6 +136,18 @@ class RequestContext:
                     await errors.unexpected_error(request, exc)(scope, receive, send_with_id)
             finally:
                 _log_request(request, status, time.perf_counter() - started, client_gone)
+
+
+def _refusal(request: Request) -> Response | None:
+    """The answer to a request refused before the app sees it, if it is."""
+    try:
+        deps.check_query(request.scope.get("query_string", b""))
+    except MemchatError as exc:
+        return errors.error_response(request, exc.status, exc.code, exc.detail)
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        return errors.error_response(request, 413, "payload_too_large", TOO_LARGE, CLOSE)
+    return None
 
 
 UNMATCHED = "(unmatched)"  # the route of a request no route matched (a 404)
@@ -148,6 +167,9 @@ def _log_request(request: Request, status: int, seconds: float, client_gone: boo
         "request_id": errors.request_id_of(request),
         "user_id": _verified_user(request, status),
     }
+    client_request_id = getattr(request.state, "client_request_id", None)
+    if client_request_id:
+        fields["client_request_id"] = client_request_id
     if client_gone:
         fields["client_gone"] = True
     logger.info(logs.ACCESS, extra=fields)
@@ -190,14 +212,25 @@ def _verified_user(request: Request, status: int) -> str | None:
 
 
 def _request_id(request: Request) -> str:
+    """memchat's id for the request: API Gateway's (Lambda's event carries
+    it), else a new one. Never the client's X-Request-ID: an id the client
+    picks could pose as another request's in the logs, or forge log lines."""
     event = request.scope.get("aws.event") or {}
     from_gateway = (event.get("requestContext") or {}).get("requestId")
-    supplied = request.headers.get("x-request-id", "")
     if from_gateway:
         return str(from_gateway)
-    if supplied and len(supplied) <= 128 and supplied.isprintable():
-        return supplied
     return uuid.uuid4().hex
+
+
+# What a client's own X-Request-ID must look like to be logged at all (as
+# `client_request_id`): short, and nothing a log line could be forged with.
+CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+def _client_request_id(request: Request) -> str | None:
+    """The client's X-Request-ID, when it matches CLIENT_REQUEST_ID; else None."""
+    supplied = request.headers.get("x-request-id", "")
+    return supplied if CLIENT_REQUEST_ID.fullmatch(supplied) else None
 
 
 def create_app(settings: Settings | None = None, state: AppState | None = None) -> FastAPI:
@@ -206,7 +239,6 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
         title="memchat",
         version=__version__,
         description="Chat with persistent memory: sessions, long-term notes, export, erase.",
-        dependencies=[Depends(deps.single_valued_query)],
         # /docs is docs.install's (Swagger UI's files served here, no CDN); no ReDoc.
         docs_url=None,
         redoc_url=None,

@@ -173,7 +173,7 @@ _ERRORS: dict[int, dict[str, Any]] = {
         "description": "Missing or invalid access token (`unauthorized`)",
         "headers": {"WWW-Authenticate": {"schema": {"type": "string", "enum": ["Bearer"]}}},
     },
-    404: {"description": "Not found, also another user's session (`session_not_found`)"},
+    404: {"description": "Not found (`not_found`, `session_not_found`, `message_not_found`)"},
     409: {
         "description": "The resource changed meanwhile (`conflict`)",
         "headers": {"Retry-After": _RETRY_AFTER},
@@ -181,7 +181,7 @@ _ERRORS: dict[int, dict[str, Any]] = {
     413: {"description": "Request body over 1 MB, or text over its limit (`payload_too_large`)"},
     422: {"description": "A field failed validation (`validation_error`)"},
     429: {
-        "description": "Too many chat messages (`rate_limited`)",
+        "description": "Throttled: too many requests of this kind (`rate_limited`)",
         "headers": {"Retry-After": {**_RETRY_AFTER, "required": True}},
     },
     502: {"description": "The model provider failed; nothing stored (`model_upstream_error`)"},
@@ -256,6 +256,33 @@ class NotesBody(BaseModel):
 
 class NotesDeleted(BaseModel):
     deleted: bool
+
+
+class NotesVersionOut(BaseModel):
+    version: int
+    notes: str
+    created_at: str
+    current: bool = Field(description="Whether this is the notes' text now.")
+
+
+class NotesVersions(BaseModel):
+    agent_name: str
+    versions: list[NotesVersionOut] = Field(
+        description="The kept versions, newest (the current one) first."
+    )
+
+
+class RestoreNotesBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    agent_name: str = AgentName
+    version: int = Field(ge=1, le=INT4_MAX, description="The version whose text comes back.")
+    expected_version: int | None = Field(
+        default=None,
+        ge=0,
+        le=INT4_MAX,
+        description="Only restore if the notes are still at this version.",
+    )
 
 
 class DeletedCounts(BaseModel):

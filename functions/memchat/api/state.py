@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from memchat.auth import TokenVerifier
 from memchat.config import Settings
-from memchat.db import Database
+from memchat.db import Database, RequestLimits
 from memchat.model.client import ModelClient
 from memchat.usecases.chat import ChatService
 
@@ -34,7 +34,11 @@ class AppState:
 
     @classmethod
     def build(cls, settings: Settings) -> AppState:
-        db = Database(settings.database_url, settings.db_max_connections)
+        db = Database(
+            settings.database_url,
+            settings.db_max_connections,
+            RequestLimits.from_settings(settings),
+        )
         state = cls(settings=settings, db=db, verifier=TokenVerifier(settings))
         if settings.serves("chat"):
             state.model = ModelClient.for_settings(settings)

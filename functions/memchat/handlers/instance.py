@@ -102,7 +102,8 @@ def build_app() -> FastAPI:
 
 Hook = tuple[Callable[..., object], tuple[Any, ...], dict[str, Any]]
 RUNTIME_MODULE = "snapshot_restore_py"
-# The X-Request-ID of the warm-up requests: their access lines say what they were.
+# The X-Request-ID of the warm-up requests: their access lines carry it as
+# client_request_id.
 WARM_UP_REQUEST_ID = "snapstart-warm-up"
 
 _before_snapshot: list[Hook] = []

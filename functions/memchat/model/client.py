@@ -137,12 +137,16 @@ class ModelClient:
         tools: list[dict[str, Any]] | None = None,
         *,
         allow_tools: bool = True,
+        max_tokens: int | None = None,
     ) -> Completion:
-        """One chat completion; maps provider failures to 502/504 errors."""
+        """One chat completion; maps provider failures to 502/504 errors.
+
+        The answer is at most `max_tokens` long (default OPENAI_MAX_TOKENS)."""
+        request = self._chat_request(messages, tools, allow_tools, max_tokens)
         with _provider_errors():
             # The raw response: its body is read below, not by the SDK (see the
             # module docstring). Status errors, timeouts and retries are the SDK's.
-            response = await self._post_chat(self._chat_request(messages, tools, allow_tools))
+            response = await self._post_chat(request)
             body = response.content
         with _readable():
             return _completion(body, self.model)
@@ -169,7 +173,7 @@ class ModelClient:
         A stream that fails once begun is not retried: its text was passed on.
         An exception of `on_delta` propagates as it is, the stream closed.
         """
-        body = self._chat_request(messages, tools, allow_tools)
+        body = self._chat_request(messages, tools, allow_tools, None)
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
         with _provider_errors():
@@ -214,9 +218,17 @@ class ModelClient:
         return await client.post("/chat/completions", cast_to=httpx2.Response, body=body)
 
     def _chat_request(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, allow_tools: bool
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        allow_tools: bool,
+        max_tokens: int | None,
     ) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": max_tokens or self._settings.openai_max_tokens,
+        }
         if tools:
             kwargs["tools"] = tools
             kwargs["tool_choice"] = "auto" if allow_tools else "none"

@@ -6,7 +6,8 @@ It is served through the real `openai` client via an in-process HTTP
 transport, and every answer says that it is the offline responder.
 
 It serves `POST /chat/completions` (an answer built from the prompt: the
-last message, the history, the notes, the first recalled exchange; with
+last message, the history, and what the memory block carries (the notes,
+the first recalled exchange, the summary: memchat.usecases.prompt); with
 `"stream": true`, streamed as OpenAI does, word by word) and
 `POST /embeddings` (the local feature-hashing embedder of
 `memchat.model.embeddings`: it matches shared words, not meaning).
@@ -26,13 +27,9 @@ from typing import Any
 
 import httpx2 as httpx  # the HTTP library of the openai SDK (>= 3)
 
-from memchat.messages import (
-    NOTES_PREAMBLE,
-    RECALL_PREAMBLE,
-    SUMMARY_INSTRUCTIONS,
-    SUMMARY_PREAMBLE,
-)
+from memchat.messages import SUMMARY_INSTRUCTIONS
 from memchat.model.embeddings import local_embedding
+from memchat.usecases.prompt import Remembered, read_memory
 
 LABEL = "[offline responder: set OPENAI_API_KEY for real answers]"
 # text-embedding-3-small's size, when a request does not ask for one.
@@ -66,23 +63,22 @@ def _reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
                 }
             ],
         }
-    history = [m for m in messages[:-1] if m.get("role") in ("user", "assistant")]
-    notes = _system_message(messages, NOTES_PREAMBLE)
-    recalled = _first_recalled_question(_system_message(messages, RECALL_PREAMBLE))
+    memory, earlier_messages = _memory(messages[:-1])
+    history = [m for m in earlier_messages if m.get("role") in ("user", "assistant")]
+    recalled = _one_line(memory.recalled[0].question) if memory.recalled else ""
     earlier = [m["content"] for m in history if m.get("role") == "user"]
     parts = [LABEL, f'You said: "{user_text}".']
     if recalled:
         parts.append(f'From an earlier conversation I recall you said: "{recalled}".')
-    summary = _system_message(messages, SUMMARY_PREAMBLE)
-    if summary:
-        parts.append("My summary of our earlier messages: " + summary.split("\n", 1)[-1][:300])
+    if memory.summary:
+        parts.append("My summary of our earlier messages: " + memory.summary[:300])
     parts.append(
         f'I remember {len(history)} earlier messages; your last one was "{earlier[-1]}".'
         if earlier
         else "This is the start of our conversation."
     )
-    if notes:
-        parts.append("My notes about you: " + notes.split("\n", 1)[-1].replace("\n", " "))
+    if memory.notes:
+        parts.append("My notes about you: " + memory.notes.replace("\n", " "))
     parts.append('(Say "remember <fact>" to add to my long-term notes.)')
     return {"role": "assistant", "content": " ".join(parts)}
 
@@ -123,20 +119,26 @@ def _system_message(messages: list[dict[str, Any]], preamble: str) -> str:
     )
 
 
-def _first_recalled_question(block: str) -> str:
-    """The user's message of the first exchange in a recall block, on one line.
+def _memory(
+    messages: list[dict[str, Any]],
+) -> tuple[Remembered, list[dict[str, Any]]]:
+    """What the memory block carries, and the messages without it.
 
-    The block (memchat.messages.RECALL_PREAMBLE) is the preamble, then per
-    exchange a `[<date> · conversation "<title>" · <id>]` line, a `User: ...`
-    line (the message may run over several lines) and maybe an
-    `Assistant: ...` line, exchanges separated by a blank line.
+    The block is the first message after the system prompt (ChatService's
+    layout); a user message that merely looks like one later in the window
+    is the user's own text, not memory.
     """
-    start = block.find("\nUser: ")
-    if start < 0:
-        return ""
-    question = block[start + len("\nUser: ") :]
-    for end in ("\nAssistant: ", "\n\n["):
-        question = question.split(end, 1)[0]
+    first = next((i for i, m in enumerate(messages) if m.get("role") != "system"), None)
+    if first is not None and messages[first].get("role") == "user":
+        content = messages[first].get("content")
+        memory = read_memory(content) if isinstance(content, str) else None
+        if memory is not None:
+            return memory, messages[:first] + messages[first + 1 :]
+    return Remembered(), messages
+
+
+def _one_line(question: str) -> str:
+    """A recalled question on one line, within _QUOTE_CHARS."""
     question = " ".join(question.split())
     if len(question) > _QUOTE_CHARS:
         question = question[: _QUOTE_CHARS - 1].rstrip() + "\u2026"

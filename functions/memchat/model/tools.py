@@ -55,7 +55,10 @@ class NoteEdit:
 def run(arguments: dict[str, Any], current: str, max_chars: int) -> tuple[str, NoteEdit | None]:
     """Apply one tool call to `current`; returns (tool result text, edit or None).
 
-    Errors are returned as text for the model to read, never raised.
+    A content or header longer than `max_chars` is refused as it is, before
+    any of it is parsed; an edit whose result is over `max_chars` is refused
+    too (one that shrinks notes stored under a larger limit is not). Errors
+    are returned as text for the model to read, never raised.
     """
     operation = str(arguments.get("operation", ""))
     content = arguments.get("content") or ""
@@ -64,6 +67,15 @@ def run(arguments: dict[str, Any], current: str, max_chars: int) -> tuple[str, N
         return "error: content and header must be strings", None
     if operation == "read":
         return current or "(no notes yet)", None
+    # Refused before anything parses them: the model's arguments are as long
+    # as it likes, and no edit may bring in more text than the notes can hold.
+    for name, value in (("content", content), ("header", header)):
+        if len(value) > max_chars:
+            return (
+                f"error: the {name} is {len(value)} characters, over the notes limit of "
+                f"{max_chars}; send a shorter {name}",
+                None,
+            )
     edit = NoteEdit(operation, content, header)
     try:
         updated = edit.apply(current)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from memchat import messages, store
 from memchat.errors import IdempotencyInFlight, PayloadTooLarge, UpstreamTimeout
 from memchat.model import tools
+from memchat.throttle import Bucket, Rate
 from memchat.usecases import prompt
 from memchat.usecases.recall import NOT_RECALLED, PendingRecall, Recall, Recalled
 
@@ -33,13 +34,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SYSTEM_PROMPT = (
-    "You are a helpful assistant with memory. You see the recent messages of this "
-    "conversation and your long-term notes about the user. When the user tells you "
-    "something durable about themselves (name, preferences, ongoing projects) or asks "
-    "you to remember or forget something, update your notes with the "
-    "manage_long_term_memory tool. Do not store secrets or one-off details."
-)
+DEFAULT_SYSTEM_PROMPT = messages.SYSTEM_PROMPT
 NOTES_PREAMBLE = messages.NOTES_PREAMBLE
 NO_ROUNDS_LEFT = (
     "I ran out of steps while updating my notes and could not finish my answer; please ask again."
@@ -123,18 +118,22 @@ class ChatService:
         k = self.settings.memory_recall_k if request.recall_k is None else request.recall_k
         # The embedding is made while the context loads (see usecases/recall.py);
         # the load is a task scheduled after the embedding's, so the embedding
-        # request (the longer wait) leaves first.
-        pending = self.recall.start(request.message, k)
+        # request (the longer wait) leaves first. A turn with a client_message_id
+        # may be a retry whose answer is stored: its context comes first (one
+        # round trip, a few ms), so a replay makes no embedding call at all.
+        early = None if request.client_message_id else self.recall.start(request.message, k)
         started = time.perf_counter()
         try:
             context = await asyncio.create_task(self._load(caller, request, deadline))
         except BaseException:
-            pending.cancel()
+            if early is not None:
+                early.cancel()
             raise
         retrieval_ms = (time.perf_counter() - started) * 1000
         if context.replay is not None:
-            pending.cancel()
+            assert early is None  # only a turn with a client_message_id has a replay
             return await _replay(_replayed(context, retrieval_ms), listener)
+        pending = early or self.recall.start(request.message, k)
         try:
             return await self._answer(
                 caller, request, context, pending, deadline, retrieval_ms, listener
@@ -146,8 +145,8 @@ class ChatService:
             raise
 
     @property
-    def _throttle(self) -> store.Throttle:
-        return store.Throttle(self.settings.chat_rate_per_minute, self.settings.chat_rate_burst)
+    def _throttle(self) -> Rate:
+        return self.db.limits.rate(Bucket.CHAT)
 
     async def _load(
         self, caller: store.Caller, request: ChatRequest, deadline: float
@@ -168,6 +167,7 @@ class ChatService:
                     message=request.message,
                     throttle=self._throttle,
                     claim_seconds=self.settings.turn_timeout_seconds + _CLAIM_MARGIN_SECONDS,
+                    read_max=self._read_max(request),
                 )
             except IdempotencyInFlight:
                 if loop.time() + pause > deadline:
@@ -177,6 +177,17 @@ class ChatService:
 
     def _window(self, request: ChatRequest) -> int:
         return request.max_history_messages or self.settings.memory_max_history_messages
+
+    def _read_max(self, request: ChatRequest) -> int:
+        """How far back a turn reads to reach the summary: the worker summarizes
+        what leaves its window (MEMORY_MAX_HISTORY_MESSAGES), and a session is
+        queued once SUMMARY_TRIGGER_MESSAGES more are outside the summary, so
+        this many messages reach back to a summary that is up to date."""
+        settings = self.settings
+        return max(
+            self._window(request),
+            settings.memory_max_history_messages + settings.summary_trigger_messages,
+        )
 
     async def _answer(
         self,

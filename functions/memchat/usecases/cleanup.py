@@ -339,6 +339,7 @@ def run_cleanup(
             finished = True
         else:
             store.purge_expired_claims(conn)
+            store.purge_idle_rate_buckets(conn)
             next_xid = _next_xid(conn) if pacing else 0
             slowest = 0.0
             left = seconds_left()

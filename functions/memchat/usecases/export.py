@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from memchat import messages, store
 from memchat.errors import SessionNotFound
+from memchat.throttle import Bucket
 
 if TYPE_CHECKING:
     from memchat.db import Database
@@ -81,7 +82,7 @@ async def export_account(db: Database, caller: store.Caller, fmt: ExportFormat) 
 async def _session_chunks(
     db: Database, caller: store.Caller, session_id: uuid.UUID, out: Renderer
 ) -> AsyncGenerator[str, None]:
-    async with db.transaction(caller.claims, snapshot=True) as conn:
+    async with db.transaction(caller.claims, snapshot=True, throttle=Bucket.READ) as conn:
         info = await store.export_session_info(conn, session_id)
         if info is None:
             raise SessionNotFound()
@@ -94,7 +95,7 @@ async def _session_chunks(
 async def _account_chunks(
     db: Database, caller: store.Caller, exported_at: datetime, out: Renderer
 ) -> AsyncGenerator[str, None]:
-    async with db.transaction(caller.claims, snapshot=True) as conn:
+    async with db.transaction(caller.claims, snapshot=True, throttle=Bucket.EXPORT) as conn:
         yield out.begin_account(str(caller.user_id), exported_at.isoformat())
         async for sessions in store.export_sessions(conn):
             for info in sessions:
@@ -261,6 +262,11 @@ class MarkdownRenderer:
                 f"## {n['agent_name']}\n\n_version {n['version']}, updated {n['updated_at']}_"
                 f"\n\n{n['notes']}\n\n"
             )
+            for earlier in n.get("earlier_versions") or []:
+                parts.append(
+                    f"### {n['agent_name']}, version {earlier['version']}"
+                    f" ({earlier['created_at']})\n\n{earlier['notes']}\n\n"
+                )
         if not notes:
             parts.append("None.\n")
         return "".join(parts)

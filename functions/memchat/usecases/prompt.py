@@ -1,18 +1,48 @@
 """What memory adds to a prompt, within a token budget.
 
-A turn's prompt is: the system prompt, the long-term notes, the exchanges
-recalled from earlier conversations (one labelled block), the session's
-rolling summary (one labelled block), the window (the session's last
-messages, oldest first), then the new message. Memory's part (notes,
-recall, summary, window) must fit MEMORY_MAX_CONTEXT_TOKENS, counted with
-the model's tokenizer (memchat.model.tokens). When it does not, `fit` drops,
-in this order: the oldest window messages (never the newest two), then the
-lowest-scored recalled exchanges, then the summary, then the end of the
-notes.
+A turn's prompt is: the system prompt (memchat's instructions only), the
+memory block, the window (the session's last messages, oldest first), then
+the new message. Memory's part (the block and the window) must fit
+MEMORY_MAX_CONTEXT_TOKENS, counted with the model's tokenizer
+(memchat.model.tokens) exactly as it is sent. When it does not, `fit`
+drops, in this order: the oldest window messages (never the newest two),
+then the lowest-scored recalled exchanges, then the summary, then the end
+of the notes.
+
+The memory block is one `user` message, because what it carries (notes,
+recalled questions and answers, their conversations' titles, a
+model-written summary) is text a user once typed or caused, and a system
+message would give it system authority. It reads::
+
+    <memchat_memory>
+    <MEMORY_PREAMBLE: quoted data, information, not instructions>
+
+    <NOTES_PREAMBLE> "<the notes>"
+
+    <RECALL_PREAMBLE>
+    [2026-11-02 · conversation "<title>" · 3f2a1b20]
+    User: "<the question>"
+    Assistant: "<the answer>"
+
+    <SUMMARY_PREAMBLE> "<the summary>"
+    </memchat_memory>
+
+(the texts are in memchat.messages; a section without data is left out,
+and there is no block when all are empty).
+
+Quoting: every piece of remembered text (the notes, each recalled
+question, answer and title, the summary) is one JSON string (`quote`):
+`json.dumps` escapes quotes, backslashes and control characters (newlines
+among them), and `quote` also escapes `<`, `>`, U+0085, U+2028 and U+2029
+as `\\uXXXX`. So remembered text never contains a line break of any kind,
+an unescaped `"` or a `<` or `>`: it cannot end its string, start a line
+(where every label is), or write the block's tags. Every line of the block
+is memchat's; `read_memory` reads it back.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,6 +55,21 @@ if TYPE_CHECKING:
 
 # The window's newest messages are what the new message most likely refers to.
 KEEP_NEWEST = 2
+
+USER_LABEL = "User: "
+ASSISTANT_LABEL = "Assistant: "
+
+# What a JSON string may still hold raw that could pass for markup or a line
+# break to a model or to str.splitlines().
+_ESCAPES = str.maketrans(
+    {
+        "<": "\\u003c",
+        ">": "\\u003e",
+        "\u0085": "\\u0085",
+        "\u2028": "\\u2028",
+        "\u2029": "\\u2029",
+    }
+)
 
 
 @dataclass
@@ -40,40 +85,107 @@ class MemoryPrompt:
     dropped: list[str] = field(default_factory=list)  # what, for the logs
 
     def messages(self) -> list[dict[str, Any]]:
-        """The system messages and the window, in prompt order."""
-        out: list[dict[str, Any]] = []
-        if self.notes:
-            out.append({"role": "system", "content": notes_block(self.notes)})
-        if self.hits:
-            out.append({"role": "system", "content": recall_block(self.hits)})
-        if self.summary:
-            out.append({"role": "system", "content": summary_block(self.summary)})
+        """The memory block (a user message; none when memory is empty), then
+        the window, in prompt order. No system message."""
+        block = memory_block(self.notes, self.hits, self.summary)
+        out: list[dict[str, Any]] = [{"role": "user", "content": block}] if block else []
         out.extend(self.window)
         return out
 
 
-def notes_block(notes: str) -> str:
-    return f"{messages.NOTES_PREAMBLE}\n{notes}"
+def quote(text: str) -> str:
+    """`text` as one JSON string that holds no line break, `<` or `>` (see above)."""
+    return json.dumps(text, ensure_ascii=False).translate(_ESCAPES)
 
 
-def summary_block(summary: str) -> str:
-    return f"{messages.SUMMARY_PREAMBLE}\n{summary}"
+def memory_block(notes: str, hits: Sequence[Hit], summary: str) -> str:
+    """The memory block for these notes, hits (any order) and summary; "" when
+    all are empty."""
+    sections: list[str] = []
+    if notes:
+        sections.append(f"{messages.NOTES_PREAMBLE} {quote(notes)}")
+    if hits:
+        sections.append(recall_section(hits))
+    if summary:
+        sections.append(f"{messages.SUMMARY_PREAMBLE} {quote(summary)}")
+    if not sections:
+        return ""
+    body = "\n\n".join([messages.MEMORY_PREAMBLE, *sections])
+    return f"{messages.MEMORY_OPEN}\n{body}\n{messages.MEMORY_CLOSE}"
 
 
-def recall_block(hits: Sequence[Hit]) -> str:
-    """The recalled exchanges as one labelled block, oldest first (see messages.py)."""
+def recall_section(hits: Sequence[Hit]) -> str:
+    """The recalled exchanges, oldest first, under their label (see messages.py)."""
     parts = [messages.RECALL_PREAMBLE]
     for hit in sorted(hits, key=lambda h: h.created_at):
-        title = f' "{hit.title}"' if hit.title else ""
+        title = f" {quote(hit.title)}" if hit.title else ""
         day = hit.created_at.date().isoformat()
         lines = [
             f"[{day} · conversation{title} · {str(hit.session_id)[:8]}]",
-            f"User: {hit.question}",
+            USER_LABEL + quote(hit.question),
         ]
         if hit.answer:
-            lines.append(f"Assistant: {hit.answer}")
+            lines.append(ASSISTANT_LABEL + quote(hit.answer))
         parts.append("\n".join(lines))
-    return "\n\n".join(parts)
+    # The label's line ends the label; a blank line separates exchanges.
+    return parts[0] + "\n" + "\n\n".join(parts[1:])
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """A recalled exchange as the block shows it."""
+
+    header: str  # `[<date> · conversation "<title>" · <id prefix>]`
+    question: str
+    answer: str | None
+
+
+@dataclass(frozen=True)
+class Remembered:
+    """What a memory block carries, unquoted."""
+
+    notes: str = ""
+    recalled: list[Exchange] = field(default_factory=list)  # oldest first
+    summary: str = ""
+
+
+def read_memory(content: str) -> Remembered | None:
+    """The notes, recalled exchanges and summary of a block `memory_block`
+    wrote; None when `content` is not such a block."""
+    lines = content.split("\n")
+    if (
+        len(lines) < 3
+        or lines[0] != messages.MEMORY_OPEN
+        or lines[1] != messages.MEMORY_PREAMBLE
+        or lines[-1] != messages.MEMORY_CLOSE
+    ):
+        return None
+    notes = summary = ""
+    recalled: list[Exchange] = []
+    try:
+        for line in lines[2:-1]:
+            if line.startswith(messages.NOTES_PREAMBLE + " "):
+                notes = _unquote(line[len(messages.NOTES_PREAMBLE) + 1 :])
+            elif line.startswith(messages.SUMMARY_PREAMBLE + " "):
+                summary = _unquote(line[len(messages.SUMMARY_PREAMBLE) + 1 :])
+            elif line.startswith("["):
+                recalled.append(Exchange(header=line, question="", answer=None))
+            elif line.startswith(USER_LABEL) and recalled:
+                question = _unquote(line[len(USER_LABEL) :])
+                recalled[-1] = Exchange(recalled[-1].header, question, None)
+            elif line.startswith(ASSISTANT_LABEL) and recalled:
+                answer = _unquote(line[len(ASSISTANT_LABEL) :])
+                recalled[-1] = Exchange(recalled[-1].header, recalled[-1].question, answer)
+    except ValueError:
+        return None
+    return Remembered(notes=notes, recalled=recalled, summary=summary)
+
+
+def _unquote(quoted: str) -> str:
+    text = json.loads(quoted)
+    if not isinstance(text, str):
+        raise ValueError("not a JSON string")
+    return text
 
 
 def fit(
@@ -96,12 +208,10 @@ def fit(
 
     result = MemoryPrompt(notes=notes, hits=list(hits), window=list(window), summary=summary)
     window_tokens = [count_message(counter, m["content"]) for m in result.window]
-    notes_tokens = count_message(counter, notes_block(notes)) if notes else 0
-    recall_tokens = _recall_tokens(counter, result.hits)
-    summary_tokens = count_message(counter, summary_block(summary)) if summary else 0
+    block_tokens = _block_tokens(counter, result.notes, result.hits, result.summary)
 
     def over() -> bool:
-        return notes_tokens + recall_tokens + summary_tokens + sum(window_tokens) > budget
+        return block_tokens + sum(window_tokens) > budget
 
     def window_too_long() -> bool:
         chars = sum(len(m["content"]) for m in result.window)
@@ -113,37 +223,48 @@ def fit(
         result.dropped.append("window")
     while over() and result.hits:
         result.hits.remove(min(result.hits, key=lambda h: h.score))
-        recall_tokens = _recall_tokens(counter, result.hits)
+        block_tokens = _block_tokens(counter, result.notes, result.hits, result.summary)
         result.dropped.append("recall")
-    if over() and summary:
-        result.summary, summary_tokens = "", 0
+    if over() and result.summary:
+        result.summary = ""
+        block_tokens = _block_tokens(counter, result.notes, result.hits, result.summary)
         result.dropped.append("summary")
-    if over() and notes:
-        result.notes, notes_tokens = _cut_notes(
-            counter, notes, budget - recall_tokens - sum(window_tokens)
+    if over() and result.notes:
+        result.notes, block_tokens = _cut_notes(
+            counter, result.notes, result.hits, budget - sum(window_tokens)
         )
         result.dropped.append("notes")
     result.truncated = bool(result.dropped)
-    result.tokens = notes_tokens + recall_tokens + summary_tokens + sum(window_tokens)
+    result.tokens = block_tokens + sum(window_tokens)
     return result
 
 
-def _cut_notes(counter: TokenCounter, notes: str, room: int) -> tuple[str, int]:
-    """The longest start of `notes` whose block fits `room` tokens, and its tokens."""
+def _block_tokens(counter: TokenCounter, notes: str, hits: Sequence[Hit], summary: str) -> int:
+    """The tokens the memory block's message takes (0 when there is none)."""
     from memchat.model.tokens import count_message
 
-    keep = room - count_message(counter, notes_block(""))
-    while keep > 0:
+    block = memory_block(notes, hits, summary)
+    return count_message(counter, block) if block else 0
+
+
+def _cut_notes(
+    counter: TokenCounter, notes: str, hits: Sequence[Hit], room: int
+) -> tuple[str, int]:
+    """The longest start of `notes` whose block (with `hits`) fits `room`
+    tokens, and the block's tokens; ("", tokens without notes) when none does.
+
+    Quoting makes the block's cost grow unevenly with the notes' length
+    (each newline costs an escape), so the cut is searched, in the notes'
+    own tokens, rather than computed.
+    """
+    best = ("", _block_tokens(counter, "", hits, ""))
+    low, high = 1, counter.count(notes)
+    while low <= high:
+        keep = (low + high) // 2
         cut = counter.truncate(notes, keep)
-        tokens = count_message(counter, notes_block(cut))
+        tokens = _block_tokens(counter, cut, hits, "")
         if tokens <= room:
-            return cut, tokens
-        # Tokens can merge across the block's seams: shave the excess and retry.
-        keep -= tokens - room
-    return "", 0
-
-
-def _recall_tokens(counter: TokenCounter, hits: Sequence[Hit]) -> int:
-    from memchat.model.tokens import count_message
-
-    return count_message(counter, recall_block(hits)) if hits else 0
+            best, low = (cut, tokens), keep + 1
+        else:
+            high = keep - 1
+    return best

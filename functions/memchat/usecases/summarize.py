@@ -10,17 +10,22 @@ summary plus only the messages that left the window since (at most
 SUMMARY_CHUNK_MESSAGES; a longer backlog takes several refreshes), so a
 refresh costs the same however long the session is.
 
-Who sees what: the worker logs in as `memchat_worker`, which may read the
-queue's ids and nothing else. Everything it does with a session it does as
-that session's owner (`memchat_user` with the owner's id as claims, exactly
-as an API request), so row-level security still decides what it sees.
+A pass catches up: it refreshes chunk after chunk until the summary reaches
+the window's start (while its lease leaves time for another model call), so
+a burst of turns never leaves a lasting hole between summary and window.
+
+Who sees what: the worker logs in as `memchat_worker`, which may call the
+memchat.summary_* functions and nothing else. A claim hands it a lease per
+due session; every read and write names the lease, so the worker sees only
+the sessions the queue handed it, only while its lease lives (the database
+checks; migration *_hardening.sql).
 
 Claims: a claim (FOR UPDATE SKIP LOCKED, one short transaction) leases the
-session for as long as a model call may take, so two workers never
-summarize one session at once, and a turn recording meanwhile waits at most
-for that short transaction. A model failure keeps the old summary and
-retries later, backing off; after SUMMARY_MAX_ATTEMPTS failures in a row
-the session is skipped (logged, counted) until its next turn.
+session for a few model calls, so two workers never summarize one session at
+once, and a turn recording meanwhile waits at most for that short
+transaction. A model failure keeps the old summary and retries later,
+backing off; after SUMMARY_MAX_ATTEMPTS failures in a row the session is
+skipped (logged, counted) until its next turn.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -53,6 +57,9 @@ BACKOFF_MAX_SECONDS = 6 * 3600.0
 LAMBDA_RESERVE_SECONDS = 5.0
 # A summary of about this many words fits SUMMARY_MAX_TOKENS in English.
 WORDS_PER_TOKEN = 0.75
+# A lease lasts one model call and this much more: a pass catching up on a
+# backlog starts another chunk only while a whole call still fits.
+LEASE_MARGIN_SECONDS = 60.0
 
 
 @dataclass
@@ -74,13 +81,6 @@ class SummaryRun:
         if self.lag_seconds is not None:
             out["lag_seconds"] = round(self.lag_seconds, 1)
         return out
-
-
-def owner(user_id: uuid.UUID) -> store.Caller:
-    """The claims the worker acts with for a session's owner: the owner's id,
-    as a signed-in user's token would carry it."""
-    claims = {"sub": str(user_id), "role": "authenticated", "aud": "authenticated"}
-    return store.Caller(user_id=user_id, claims=claims)
 
 
 def summary_prompt(source: store.SummarySource, max_tokens: int) -> list[dict[str, str]]:
@@ -178,8 +178,9 @@ class Summarizer:
         return settings.openai_timeout_seconds * (settings.openai_max_retries + 1)
 
     def _lease_seconds(self) -> float:
-        """How long a claimed session is this worker's: one model call and margin."""
-        return self._call_seconds() + 30.0
+        """How long a claimed session is this worker's: one model call and margin
+        (more chunks of a backlog while the margin lasts)."""
+        return self._call_seconds() + LEASE_MARGIN_SECONDS
 
     async def _in_slot(
         self, slots: asyncio.Semaphore, item: store.DueSummary, run: SummaryRun
@@ -201,44 +202,59 @@ class Summarizer:
             await asyncio.sleep(start - now)
 
     async def _summarize(self, item: store.DueSummary, run: SummaryRun) -> None:
-        caller = owner(item.user_id)
-        settings = self.settings
-        source = await store.summary_source(
-            self.db,
-            caller,
-            item.session_id,
-            window=settings.memory_max_history_messages,
-            chunk=settings.summary_chunk_messages,
-        )
-        if source is None:
-            await store.summary_settled(self.db, caller, item.session_id)
+        """One pass over a leased session: chunks until its summary reaches the
+        window's start, then off the queue (or queued again if still due)."""
+        lease_ends = self.clock() + self._lease_seconds()
+        chunks = 0
+        while True:
+            source = await store.summary_source(
+                self.db,
+                item,
+                window=self.settings.memory_max_history_messages,
+                chunk=self.settings.summary_chunk_messages,
+            )
+            if source is None:
+                break
+            stored = await self._refresh(item, source, run)
+            if stored is None:
+                return  # failed: backing off, or given up
+            chunks += 1
+            if not stored or lease_ends - self.clock() < self._call_seconds():
+                break
+        if chunks == 0:
             run.skipped += 1
-            return
+        await store.summary_done(self.db, item, due_after=self._due_after())
+
+    async def _refresh(
+        self, item: store.DueSummary, source: store.SummarySource, run: SummaryRun
+    ) -> bool | None:
+        """One chunk: whether its summary was stored (False: the session changed
+        meanwhile), None when the model failed (recorded)."""
+        settings = self.settings
         prompt = summary_prompt(source, settings.summary_max_tokens)
         try:
-            completion = await self.model.complete(prompt)
+            completion = await self.model.complete(prompt, max_tokens=settings.summary_max_tokens)
         except (UpstreamError, UpstreamTimeout) as exc:
             await self._failed(item, run, type(exc).__name__)
-            return
+            return None
         from memchat.model.tokens import counter_for_model
 
         counter = counter_for_model(self.model.model)
         text = counter.truncate(completion.content.strip(), settings.summary_max_tokens)
         if not text:
             await self._failed(item, run, "empty summary")
-            return
-        await store.save_summary(self.db, caller, source, text, due_after=self._due_after())
+            return None
+        stored = await store.save_summary(self.db, source, text)
         run.summarized += 1
         run.tokens_in += completion.usage.get("prompt_tokens", 0)
         run.tokens_out += completion.usage.get("completion_tokens", 0)
+        return stored
 
     async def _failed(self, item: store.DueSummary, run: SummaryRun, reason: str) -> None:
         attempts = item.attempts + 1
         give_up = attempts >= self.settings.summary_max_attempts
         retry_in = min(BACKOFF_FIRST_SECONDS * 2 ** (attempts - 1), BACKOFF_MAX_SECONDS)
-        await store.summary_failed(
-            self.db, item.session_id, attempts=attempts, retry_in=None if give_up else retry_in
-        )
+        await store.summary_failed(self.db, item, retry_in=None if give_up else retry_in)
         run.failed += 1
         if give_up:
             run.gave_up += 1

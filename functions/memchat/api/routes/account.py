@@ -11,7 +11,7 @@ from memchat.api.schemas import AccountDeleted, DeletedCounts, error_responses
 router = APIRouter(tags=["account"])
 
 
-@router.delete("/me", response_model=AccountDeleted, responses=error_responses())
+@router.delete("/me", response_model=AccountDeleted, responses=error_responses(429))
 async def delete_me(caller: CurrentUser, state: State) -> AccountDeleted:
     """Delete all of the caller's sessions, messages, active pointers and notes at once."""
     counts = await store.delete_user_data(state.db, caller)

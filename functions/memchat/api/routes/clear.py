@@ -21,7 +21,7 @@ router = APIRouter(tags=["chat"])
 @router.post(
     "/chat/clear-session",
     response_model=ClearSessionResponse,
-    responses=error_responses(400, 404, 413, 422),
+    responses=error_responses(400, 404, 413, 422, 429),
 )
 async def clear_session(
     body: ClearSessionBody, caller: CurrentUser, state: State

@@ -28,7 +28,7 @@ _DOWNLOAD: dict[int | str, dict[str, Any]] = {
 @router.get(
     "/chat/export/{session_id}",
     response_class=StreamingResponse,
-    responses={**_DOWNLOAD, **error_responses(400, 404, 422)},
+    responses={**_DOWNLOAD, **error_responses(400, 404, 422, 429)},
 )
 async def export_one_session(
     session_id: Annotated[UuidText, Path(description="The session's id.")],
@@ -43,7 +43,9 @@ async def export_one_session(
 
 
 @router.get(
-    "/export", response_class=StreamingResponse, responses={**_DOWNLOAD, **error_responses(422)}
+    "/export",
+    response_class=StreamingResponse,
+    responses={**_DOWNLOAD, **error_responses(422, 429)},
 )
 async def export_everything(
     caller: CurrentUser, state: State, fmt: FormatQuery = ExportFormat.JSON

@@ -38,7 +38,7 @@ _POST_ERRORS = {**_NOT_FOUND, 413: "Body over 1 MB (`payload_too_large`)"}
 @router.post(
     "/chat/feedback",
     response_model=FeedbackOut,
-    responses=error_responses(400, 404, 413, 422, descriptions=_POST_ERRORS),
+    responses=error_responses(400, 404, 413, 422, 429, descriptions=_POST_ERRORS),
 )
 async def give_feedback(body: FeedbackBody, caller: CurrentUser, state: State) -> FeedbackOut:
     """Rate an answer (its `message_id` from the chat response or the export);
@@ -62,7 +62,7 @@ async def give_feedback(body: FeedbackBody, caller: CurrentUser, state: State) -
 @router.delete(
     "/chat/feedback/{message_id}",
     response_model=FeedbackDeleted,
-    responses=error_responses(404, 422, descriptions=_NOT_FOUND),
+    responses=error_responses(404, 422, 429, descriptions=_NOT_FOUND),
 )
 async def delete_feedback(
     message_id: Annotated[int, Path(ge=1, le=INT8_MAX)], caller: CurrentUser, state: State
@@ -74,7 +74,7 @@ async def delete_feedback(
     return FeedbackDeleted(message_id=message_id, deleted=deleted)
 
 
-@router.get("/chat/stats", response_model=StatsOut, responses=error_responses(422))
+@router.get("/chat/stats", response_model=StatsOut, responses=error_responses(422, 429))
 async def stats(
     caller: CurrentUser,
     state: State,
@@ -88,7 +88,7 @@ async def stats(
 @router.get(
     "/chat/stats/{session_id}",
     response_model=SessionStatsOut,
-    responses=error_responses(400, 404, 422),
+    responses=error_responses(400, 404, 422, 429),
 )
 async def session_stats(session_id: UuidText, caller: CurrentUser, state: State) -> SessionStatsOut:
     """The same for one of the caller's sessions, and how long it has lasted."""

@@ -1,4 +1,5 @@
-"""GET/PUT/DELETE /memory: the long-term notes, exactly as the agent reads them."""
+"""GET/PUT/DELETE /memory: the long-term notes, exactly as the agent reads them;
+GET /memory/versions and POST /memory/restore: their kept versions, an undo."""
 
 from __future__ import annotations
 
@@ -6,8 +7,16 @@ from fastapi import APIRouter
 
 from memchat import store
 from memchat.api.deps import AgentQuery, CurrentUser, State
-from memchat.api.schemas import NotesBody, NotesDeleted, NotesOut, error_responses
-from memchat.errors import PayloadTooLarge
+from memchat.api.schemas import (
+    NotesBody,
+    NotesDeleted,
+    NotesOut,
+    NotesVersionOut,
+    NotesVersions,
+    RestoreNotesBody,
+    error_responses,
+)
+from memchat.errors import NotFound, PayloadTooLarge
 
 router = APIRouter(tags=["memory"])
 
@@ -16,6 +25,7 @@ _PUT_ERRORS = error_responses(
     409,
     413,
     422,
+    429,
     descriptions={
         400: "The body is not valid JSON (`invalid_json`)",
         409: "expected_version is not the current version (`notes_conflict`)",
@@ -44,12 +54,63 @@ async def replace_memory(body: NotesBody, caller: CurrentUser, state: State) -> 
     return _out(notes)
 
 
-@router.delete("/memory", response_model=NotesDeleted, responses=error_responses(422))
+@router.delete("/memory", response_model=NotesDeleted, responses=error_responses(422, 429))
 async def delete_memory(
     caller: CurrentUser, state: State, agent_name: AgentQuery = "default"
 ) -> NotesDeleted:
-    """Forget the agent's notes about the caller."""
+    """Forget the agent's notes about the caller, with their earlier versions."""
     return NotesDeleted(deleted=await store.delete_notes(state.db, caller, agent_name))
+
+
+@router.get("/memory/versions", response_model=NotesVersions, responses=error_responses(422))
+async def memory_versions(
+    caller: CurrentUser, state: State, agent_name: AgentQuery = "default"
+) -> NotesVersions:
+    """The notes' kept versions (the last 20 by default), newest first: what
+    to restore when the notes were changed by mistake (or by the model, talked
+    into it)."""
+    versions = await store.notes_versions(state.db, caller, agent_name)
+    return NotesVersions(
+        agent_name=agent_name,
+        versions=[
+            NotesVersionOut(
+                version=v.version,
+                notes=v.notes,
+                created_at=v.created_at.isoformat(),
+                current=i == 0,
+            )
+            for i, v in enumerate(versions)
+        ],
+    )
+
+
+_RESTORE_ERRORS = error_responses(
+    400,
+    404,
+    409,
+    413,
+    422,
+    429,
+    descriptions={
+        404: "No such kept version (`not_found`)",
+        409: "expected_version is not the current version (`notes_conflict`)",
+    },
+)
+
+
+@router.post("/memory/restore", response_model=NotesOut, responses=_RESTORE_ERRORS)
+async def restore_memory(body: RestoreNotesBody, caller: CurrentUser, state: State) -> NotesOut:
+    """Set the notes back to a kept version's text, as a new version (so the
+    restore can be undone too)."""
+    notes = await store.restore_notes(
+        state.db, caller, body.agent_name, body.version, body.expected_version
+    )
+    if notes is None:
+        raise NotFound(
+            f"There is no kept version {body.version} of agent {body.agent_name!r}'s notes;"
+            " GET /memory/versions lists them."
+        )
+    return _out(notes)
 
 
 def _out(notes: store.Notes) -> NotesOut:
