@@ -3,8 +3,8 @@
 Every few minutes (template.yaml, SummarySchedule) it summarizes the
 sessions their turns queued, until none is left or its time is nearly up
 (usecases/summarize.py). It reads two secrets: its own DATABASE_URL (the
-pooler URL of the `memchat_worker` role, which can see the queue's ids and
-acts for each session's owner under RLS; docs/deploy.md, "Database roles")
+pooler URL of the `memchat_worker` role, which can touch a session only
+through the lease of a queue item it claimed; docs/deploy.md, "Database roles")
 and the model key. ROUTE_GROUPS=summaries narrows its settings to those.
 """
 

@@ -1,0 +1,72 @@
+"""Someone else's session id costs what an unknown id costs.
+
+Review finding 14 asks that another user's session id and an id nobody
+holds answer alike in status, body and timing. Status and body are checked
+through the API (tests/api/test_hardening.py); here, the work: every
+statement that looks a session up by a client's id reads exactly the same
+index entries and rows for both (the key is (id, user_id), and the caller's
+id, named or from RLS, is part of the index scan), so no timing can tell
+them apart. With the old key (id alone) the lookup fetched the other user's
+row and RLS dropped it afterwards: more work, and this test failed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.abc import Query
+
+from memchat import store
+from memchat.db import SET_CLAIMS, claims_params
+from tests.store.conftest import World
+
+# What the current transaction read from chat_sessions.
+_READS = """
+select coalesce(seq_scan, 0), coalesce(seq_tup_read, 0), coalesce(idx_scan, 0),
+       coalesce(idx_tup_fetch, 0)
+  from pg_stat_xact_user_tables
+ where schemaname = 'public' and relname = 'chat_sessions'
+"""
+
+LOOKUPS: dict[str, tuple[Query, Any]] = {
+    "load a turn": (
+        store.LOAD_CONTEXT,
+        lambda sid: (sid, "default", 10, True, None, None, 0, 1, 0, 0),
+    ),
+    "export a session": (store._EXPORT_SESSION, lambda sid: (sid,)),
+    "session stats": ("select memchat.session_stats(%s)", lambda sid: (sid,)),
+    "clear a session": (
+        store._CLEAR_LOCK,
+        lambda sid: {"session_id": sid, "agent_name": "default"},
+    ),
+    "recall": (
+        store.RECALL,
+        lambda sid: (sid, "default", 10, "[" + ",".join(["0.1"] * 512) + "]", 3, 0.3, 0.9),
+    ),
+}
+
+
+def reads(conn: psycopg.Connection, claims: dict[str, Any], query: Query, params: Any) -> tuple:
+    """What one lookup read from chat_sessions, in a transaction of its own."""
+    with conn.transaction(force_rollback=True):
+        before = conn.execute(_READS).fetchone() or (0, 0, 0, 0)
+        conn.execute(SET_CLAIMS, claims_params(claims))
+        conn.execute(query, params)
+        conn.execute("reset role")
+        after = conn.execute(_READS).fetchone() or (0, 0, 0, 0)
+    return tuple(b - a for a, b in zip(before, after, strict=True))
+
+
+@pytest.mark.parametrize("lookup", list(LOOKUPS))
+def test_someone_elses_id_reads_what_an_unknown_id_reads(
+    conn: psycopg.Connection, world: World, lookup: str
+) -> None:
+    query, params = LOOKUPS[lookup]
+    claims = dict(world.b.claims)
+    someone_elses = reads(conn, claims, query, params(world.a_session))
+    nobodys = reads(conn, claims, query, params(uuid.uuid4()))
+    assert someone_elses == nobodys
+    assert someone_elses[:2] == (0, 0)  # never a sequential scan
