@@ -1008,12 +1008,12 @@ async def summary_done(db: Database, item: DueSummary, *, due_after: int) -> Non
 
 # Locks a batch of expired sessions, skipping any a live turn holds; the
 # lock re-reads expires_at, so a session a turn has just extended drops out.
-# The locked (id, user_id) keys go on as two arrays so every statement is an
-# index lookup per session (primary key; (session_id, id desc)) whatever the
-# table sizes: joining the CTE let the planner hash the whole message table
-# on every batch. Messages go by the FK cascade (and their embeddings and
-# feedback with them, by a statement-level trigger: migration
-# *_set_based_cascades.sql); they are counted first, in the same snapshot.
+# The locked (id, user_id) keys go on as two arrays so the delete is a
+# primary-key lookup per session whatever the table's size. Messages go by
+# the FK cascade, and their embeddings and feedback with them by a
+# statement-level trigger (migration *_set_based_cascades.sql), which also
+# adds up how many messages went (memchat.deleted_messages, for the
+# transaction): the cleanup never reads a message to count it.
 _EXPIRE_BATCH = """
 with doomed as (
     select s.id, s.user_id from public.chat_sessions s
@@ -1026,17 +1026,15 @@ with doomed as (
       from unnest((select coalesce(array_agg(d.id), '{}') from doomed d)::uuid[],
                   (select coalesce(array_agg(d.user_id), '{}') from doomed d)::uuid[])
            as k(id, user_id)
-), counted as (
-    select coalesce(sum(c.n), 0) as n
-      from keys k
-      cross join lateral (select count(*) as n from public.chat_message_history h
-                           where h.session_id = k.id and h.user_id = k.user_id) c
-), gone_sessions as (
+), gone as (
     delete from public.chat_sessions s using keys k
      where s.id = k.id and s.user_id = k.user_id returning 1
 )
-select (select count(*) from gone_sessions), (select n from counted)
+select count(*) from gone
 """
+_DELETED_MESSAGES = (
+    "select coalesce(nullif(current_setting('memchat.deleted_messages', true), ''), '0')::bigint"
+)
 
 _COUNT_EXPIRED = """
 select count(*), coalesce(sum((select count(*) from public.chat_message_history h
@@ -1053,9 +1051,10 @@ def expire_sessions_batch(conn: psycopg.Connection[Any], batch: int) -> tuple[in
     with conn.transaction():
         # Never queue behind a user's own writes for long; the next run resumes.
         conn.execute("set local lock_timeout = '5s'")
-        row = conn.execute(_EXPIRE_BATCH, {"batch": batch}).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
+        sessions = conn.execute(_EXPIRE_BATCH, {"batch": batch}).fetchone()
+        messages = conn.execute(_DELETED_MESSAGES).fetchone()
+    assert sessions is not None and messages is not None
+    return int(sessions[0]), int(messages[0])
 
 
 _PURGE_CLAIMS = "delete from memchat.turn_claims where expires_at <= now()"

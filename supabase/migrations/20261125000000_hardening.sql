@@ -416,7 +416,29 @@ grant execute on function memchat.summary_claim(integer, double precision),
   memchat.summary_failed(uuid, double precision) to memchat_worker;
 
 -- ======================================================= the cleanup
--- Of messages, the ids of expired sessions' only (it counts what it deletes).
+-- It counts the messages it deletes without reading them: the trigger that
+-- deletes their dependents adds up, per transaction, how many messages went
+-- (memchat.deleted_messages), whoever deleted them.
+create or replace function memchat.delete_message_dependents() returns trigger
+language plpgsql security definer
+set search_path = ''
+as $$
+declare
+  -- As an array, so each delete is a primary-key lookup per id whatever the
+  -- statement's size (a transition table has no statistics to plan a join by).
+  ids bigint[] := array(select g.id from gone g);
+begin
+  delete from memchat.message_embeddings e where e.message_id = any(ids);
+  delete from memchat.message_feedback f where f.message_id = any(ids);
+  perform set_config('memchat.deleted_messages',
+    (coalesce(nullif(current_setting('memchat.deleted_messages', true), ''), '0')::bigint
+     + cardinality(ids))::text, true);
+  return null;
+end
+$$;
+
+-- Of messages, it may read the ids of expired sessions' only (`memchat cleanup
+-- --dry-run` counts them).
 drop policy messages_cleanup_count on public.chat_message_history;
 grant select (user_id) on public.chat_sessions to memchat_cleanup;
 grant select (user_id) on public.chat_message_history to memchat_cleanup;

@@ -66,12 +66,13 @@ from psycopg import sql
 
 from memchat import messages, store
 from memchat.db import Database
+from memchat.throttle import OFF, Rate
 from tests.bench import _common as common
 
 AGENT = "default"
 WINDOW = 10
 # A bucket that never runs dry: the benchmark measures the write, not refusals.
-THROTTLE = store.Throttle(per_minute=1e9, burst=1_000_000)
+THROTTLE = Rate(per_minute=1e9, burst=1_000_000)
 TTL = timedelta(days=7)
 LANGCHAIN_TABLE = "bench_langchain_message_history"
 DEFAULT_SIZES = (10, 1_000, 10_000)
@@ -225,7 +226,7 @@ async def memchat_turn(
     human: dict[str, Any],
     ai: dict[str, Any],
     count: Callable[[], int],
-    throttle: store.Throttle = store.NO_THROTTLE,
+    throttle: Rate = OFF,
 ) -> Marks:
     c0 = count()
     t0 = perf_counter_ns()
@@ -278,7 +279,7 @@ async def memchat_recall_turn(
     query: list[float],
     count: Callable[[], int],
     samples: RecallSide | None,
-    throttle: store.Throttle = store.NO_THROTTLE,
+    throttle: Rate = OFF,
 ) -> None:
     """load_context, recall with the turn's embedding, record_turn storing it."""
     c0 = count()
@@ -746,7 +747,7 @@ async def run(args: argparse.Namespace) -> int:
                                     query=queries[k][i % len(queries[k])],
                                     count=r.count,
                                     samples=r.recall[k] if timed else None,
-                                    throttle=THROTTLE if args.throttle else store.NO_THROTTLE,
+                                    throttle=THROTTLE if args.throttle else OFF,
                                 )
                                 if not args.no_cleanup:
                                     reset(admin, s, "memchat")
@@ -758,7 +759,7 @@ async def run(args: argparse.Namespace) -> int:
                                     human=mc_human,
                                     ai=mc_ai,
                                     count=r.count,
-                                    throttle=THROTTLE if args.throttle else store.NO_THROTTLE,
+                                    throttle=THROTTLE if args.throttle else OFF,
                                 )
                                 samples = r.memchat[k]
                             else:

@@ -102,6 +102,7 @@ from memchat import messages, store
 from memchat.config import load_settings
 from memchat.db import Database
 from memchat.model.client import ModelClient
+from memchat.throttle import Rate
 from memchat.usecases.recall import OK, Recall
 from tests.bench import _common as common
 
@@ -123,7 +124,7 @@ OWNER_INDEX_DDL = (
     f"create index if not exists {OWNER_INDEX} on memchat.message_embeddings (user_id, agent_name)"
 )
 # A bucket that never runs dry: the turn pays for the write, never a refusal.
-THROTTLE = store.Throttle(per_minute=1e9, burst=1_000_000)
+THROTTLE = Rate(per_minute=1e9, burst=1_000_000)
 FILLER = "lorem ipsum dolor sit amet " * 5
 
 # memchat.recall's candidate query (supabase/migrations/*_recall.sql), for
@@ -633,6 +634,7 @@ async def turn_b(
         THROTTLE.per_minute,
         THROTTLE.burst,
         60.0,
+        0,
     )
     recall_args = store.recall_args(
         session_id=owner.session_id,
