@@ -18,10 +18,10 @@ from psycopg.conninfo import conninfo_to_dict
 
 from memchat import devdb
 from memchat.config import Settings, load_settings
-from memchat.db import Database
 from memchat.devdb import quiet_runtime_dir
-from memchat.migrate import migrate
 from memchat.model.client import ModelClient
+from memchat.store.db import Database
+from memchat.store.migrations import migrate
 from memchat.throttle import Bucket
 from tests.utils.analytics_data import Fresh, fresh_database
 from tests.utils.api import ApiClient

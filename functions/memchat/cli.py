@@ -59,7 +59,7 @@ def _role_url(owner_url: str, role: str) -> str | None:
     import psycopg
 
     from memchat import devdb
-    from memchat.db import connect_kwargs
+    from memchat.store.db import connect_kwargs
 
     url = devdb.role_conninfo(owner_url, role)
     try:
@@ -94,7 +94,7 @@ def _jwt_secret() -> str:
 
 
 def _migrate(url: str) -> None:
-    from memchat.migrate import migrate
+    from memchat.store.migrations import migrate
 
     applied = migrate(url)
     _err(f"migrations: {len(applied)} applied" + (f" ({', '.join(applied)})" if applied else ""))
@@ -459,31 +459,14 @@ def default_email(user_id: uuid.UUID | None) -> str:
 
 def ensure_user(url: str, user_id: uuid.UUID | None, email: str) -> uuid.UUID:
     """The local user with this id or email, created if missing (never on Supabase)."""
-    import psycopg
+    from memchat.store.db import connect
+    from memchat.store.users import LocalUserError, ensure_local_user
 
-    from memchat.db import connect_kwargs
-    from memchat.migrate import is_supabase
-
-    with psycopg.connect(url, **connect_kwargs()) as conn:
-        if is_supabase(conn):
-            if user_id is None:
-                raise SystemExit("on Supabase, pass --user-id of a user of your project")
-            return user_id
-        if user_id is None:
-            row = conn.execute("select id from auth.users where email = %s", (email,)).fetchone()
-            if row:
-                return uuid.UUID(str(row[0]))
-            user_id = uuid.uuid4()
-        elif conn.execute("select 1 from auth.users where id = %s", (user_id,)).fetchone():
-            return user_id
-        created = conn.execute(
-            "insert into auth.users (id, aud, role, email) values"
-            " (%s, 'authenticated', 'authenticated', %s) on conflict do nothing returning id",
-            (user_id, email),
-        ).fetchone()
-        if created is None:
-            raise SystemExit(f"{email} is another local user's email: pass another --email")
-    return user_id
+    with connect(url) as conn:
+        try:
+            return ensure_local_user(conn, user_id, email)
+        except LocalUserError as exc:
+            raise SystemExit(str(exc)) from None
 
 
 def mint_local_token(user_id: uuid.UUID | None, email: str | None, ttl_seconds: int) -> str:
@@ -749,7 +732,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     """The operator's analytics (memchat_analytics, docs/analytics.md), read
     as memchat_analyst through DATABASE_URL's login."""
-    from memchat import analytics
+    from memchat.usecases import analytics
 
     if not 1 <= args.days <= analytics.MAX_DAYS:
         _err(f"--days must be from 1 to {analytics.MAX_DAYS}")

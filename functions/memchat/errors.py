@@ -59,6 +59,16 @@ class Conflict(MemchatError):
     detail = "The resource changed meanwhile; read it again and retry."
 
 
+class NotesConflict(Conflict):
+    code = "notes_conflict"
+    detail = "The long-term notes changed meanwhile; read them again and retry."
+
+
+class DuplicateClientMessage(Conflict):
+    """A concurrent request with the same client_message_id won the race
+    (internal: the turn answers with the stored answer instead)."""
+
+
 class IdempotencyConflict(Conflict):
     code = "idempotency_conflict"
     detail = (
@@ -125,7 +135,7 @@ class DatabasePermissionDenied(MemchatError):
         # PostgreSQL's own sentence ("permission denied for table x", "new row
         # violates row-level security policy for table x") names objects,
         # never values.
-        logging.getLogger("memchat.db").error(
+        logging.getLogger("memchat.store.db").error(
             "database permission denied: check the migrations' grants and policies",
             extra={
                 "sqlstate": getattr(exc, "sqlstate", None),

@@ -18,8 +18,8 @@ import pytest
 
 from memchat import messages
 from memchat.config import Settings
-from memchat.db import Database
 from memchat.model.client import ModelClient
+from memchat.store.db import Database
 from memchat.usecases.chat import DEFAULT_SYSTEM_PROMPT
 from memchat.usecases.prompt import quote
 from memchat.usecases.summarize import Summarizer

@@ -407,7 +407,7 @@ async def test_at_debug_an_unexpected_error_logs_its_frames_not_its_message(
     error = _unexpected(logs, body["request_id"])
     frames = error.traceback
     assert frames.startswith("Traceback (most recent call last):")
-    assert 'memchat/db.py", line' in frames
+    assert 'memchat/store/db.py", line' in frames
     assert frames.endswith("psycopg.errors.InvalidSchemaName (message not logged)")
     assert frames in DevFormatter().format(error)
     assert_never_logged(logs, authorization, "does not exist")

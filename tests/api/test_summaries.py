@@ -18,9 +18,9 @@ import pytest
 
 from memchat import messages, store
 from memchat.config import Settings
-from memchat.db import Database
 from memchat.errors import DatabasePermissionDenied
 from memchat.model.client import ModelClient
+from memchat.store.db import Database
 from memchat.usecases.cleanup import run_cleanup
 from memchat.usecases.summarize import Summarizer
 from tests.conftest import make_settings

@@ -62,8 +62,8 @@ from psycopg import sql  # noqa: E402
 from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
 
 from memchat.devdb import quiet_runtime_dir  # noqa: E402
-from memchat.migrate import migrate  # noqa: E402
 from memchat.store import Caller  # noqa: E402
+from memchat.store.migrations import migrate  # noqa: E402
 from tests.utils.users import UserFactory  # noqa: E402
 
 # ------------------------------------------------------------- database

@@ -46,7 +46,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from memchat import messages, store
-from memchat.db import Database
+from memchat.store.db import Database
 from memchat.usecases.cleanup import run_cleanup
 from tests.bench import _common as common
 from tests.utils.users import claims_for
@@ -93,14 +93,14 @@ VARIANTS = {"current": None, "indexed": INDEXED}
 
 @contextmanager
 def patched_sql(variant: str) -> Iterator[None]:
-    original = store._EXPIRE_BATCH
+    original = store.cleanup._EXPIRE_BATCH
     replacement = VARIANTS[variant]
     if replacement is not None:
-        store._EXPIRE_BATCH = replacement
+        store.cleanup._EXPIRE_BATCH = replacement
     try:
         yield
     finally:
-        store._EXPIRE_BATCH = original
+        store.cleanup._EXPIRE_BATCH = original
 
 
 @contextmanager
@@ -262,7 +262,9 @@ async def one_turn(db: Database, session_id: uuid.UUID, user_id: uuid.UUID) -> f
     ctx = await store.load_context(
         db, caller, session_id=session_id, agent_name="agent0", window=10
     )
-    assert ctx.session is not None and not ctx.expired, "a live session must stay live"
+    assert ctx.session is not None and ctx.session.expires_at > datetime.now(UTC), (
+        "a live session must stay live"
+    )
     await store.record_turn(
         db,
         caller,

@@ -8,7 +8,7 @@ Run on demand (pytest does not collect `bench_*.py`):
 One turn's memory work, timed end to end on the client:
 
 - memchat:   `store.load_context` (window 10) then `store.record_turn` (a
-  human + ai pair): one `memchat.db.Database(url, max_connections=1)`, one
+  human + ai pair): one `memchat.store.db.Database(url, max_connections=1)`, one
   event loop, each call one pipelined round trip running as `memchat_user`
   under row-level security. With `--throttle`, load_context also takes a
   token from the user's bucket (a write; the API does this on every turn),
@@ -65,7 +65,7 @@ from langchain_postgres import PostgresChatMessageHistory
 from psycopg import sql
 
 from memchat import messages, store
-from memchat.db import Database
+from memchat.store.db import Database
 from memchat.throttle import OFF, Rate
 from tests.bench import _common as common
 

@@ -23,7 +23,7 @@ user's own topics, so every query has real hits above MEMORY_RECALL_MIN_SCORE.
 
 1. **query**: `store.recall` (k=3, window 10, min score 0.3, from the
    user's newest session, as a turn calls it) through
-   `memchat.db.Database(url, max_connections=1)` on the Unix socket: one
+   `memchat.store.db.Database(url, max_connections=1)` on the Unix socket: one
    round trip as `memchat_user` under row-level security, i.e. the exact
    ranking of memchat.recall over the btree `(user_id, agent_name)` of the
    migrations. Median, p95, and the cost per 1,000 rows between sizes;
@@ -51,7 +51,7 @@ user's own topics, so every query has real hits above MEMORY_RECALL_MIN_SCORE.
      (round trip 2), through the real `Recall`/`PendingRecall` classes;
    - (a') as (a), but the embedding task gets a few event-loop turns first,
      so its request is on the wire before load_context's work starts;
-   - (b) the embedding first, then `store.LOAD_CONTEXT` and `store.RECALL`
+   - (b) the embedding first, then `store.turns.LOAD_CONTEXT` and `store.embeddings.RECALL`
      pipelined in one round trip (`db.pipeline`, one transaction);
    - for reference: `store.load_context` alone (recall off) and the
      embedding alone (provider delay + SDK + HTTP).
@@ -100,8 +100,8 @@ from psycopg.conninfo import make_conninfo
 
 from memchat import messages, store
 from memchat.config import load_settings
-from memchat.db import Database
 from memchat.model.client import ModelClient
+from memchat.store.db import Database
 from memchat.throttle import Rate
 from memchat.usecases.recall import OK, Recall
 from tests.bench import _common as common
@@ -474,7 +474,7 @@ def explain(admin_url: str, owner: Owner, label: str) -> str:
         args = (
             owner.caller.user_id,
             AGENT,
-            store.vector_literal(owner.queries[0]),
+            store.fragments.vector_literal(owner.queries[0]),
             owner.session_id,
             row[0] if row else None,
             K,
@@ -636,7 +636,7 @@ async def turn_b(
         60.0,
         0,
     )
-    recall_args = store.recall_args(
+    recall_args = store.embeddings.recall_args(
         session_id=owner.session_id,
         agent_name=AGENT,
         window=WINDOW,
@@ -646,9 +646,9 @@ async def turn_b(
     )
     async with db.pipeline(owner.caller.claims) as conn:
         loaded = conn.cursor()
-        await loaded.execute(store.LOAD_CONTEXT, load_args)
+        await loaded.execute(store.turns.LOAD_CONTEXT, load_args)
         searched = conn.cursor()
-        await searched.execute(store.RECALL, recall_args)
+        await searched.execute(store.embeddings.RECALL, recall_args)
     context_row = await loaded.fetchone()
     hits_row = await searched.fetchone()
     assert context_row is not None and hits_row is not None
@@ -656,7 +656,7 @@ async def turn_b(
     # What load_context makes of the result (the parts a prompt needs).
     assert result["session"] is not None and "throttled" not in result
     store.SessionInfo.from_json(result["session"])
-    return len(result["messages"]), store.hits_from_json(hits_row[0])
+    return len(result["messages"]), store.embeddings.hits_from_json(hits_row[0])
 
 
 async def turn_off(db: Database, owner: Owner, message: str) -> tuple[int, list[store.Hit]]:

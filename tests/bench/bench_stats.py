@@ -22,7 +22,7 @@ sessions are inserted in a shuffled order, so a user's session rows lie
 among everyone else's, as they would after months of traffic. All
 sessions live (not expired or cleared).
 
-Timed, each call on one `memchat.db.Database(url, max_connections=1)` as
+Timed, each call on one `memchat.store.db.Database(url, max_connections=1)` as
 the API makes it: `db.pipeline(caller.claims)`, i.e. one transaction as
 `memchat_user` with the user's claims (row-level security) and the user
 check, in one round trip, then the JSON read:
@@ -48,7 +48,7 @@ argument's value): which relations it reads, how many rows and buffers,
 to show it never reads messages.
 
 Then the operator's analytics over all of that data (every user's): the
-report `memchat stats` reads (`memchat.analytics.read`, one read-only
+report `memchat stats` reads (`memchat.usecases.analytics.read`, one read-only
 transaction as memchat_analyst, every view), for the last 7 days and for
 all time, --analytics-iterations times each (0: skipped), its all-time
 totals checked against the messages; and EXPLAIN (ANALYZE, BUFFERS) of
@@ -85,9 +85,10 @@ if __package__ in (None, ""):
 
 import psycopg
 
-from memchat import analytics, devtokens, messages, store
+from memchat import devtokens, messages, store
 from memchat.config import load_settings
-from memchat.db import SET_CLAIMS, Database, claims_params, connect_kwargs
+from memchat.store.db import SET_CLAIMS, Database, claims_params, connect_kwargs
+from memchat.usecases import analytics
 from tests.bench import _common as common
 
 SESSIONS = 100

@@ -42,7 +42,7 @@ import psycopg
 
 from memchat import devdb, messages, store
 from memchat.config import Settings, load_settings
-from memchat.db import Database
+from memchat.store.db import Database
 from memchat.usecases.summarize import Summarizer
 from tests.bench import _common as common
 from tests.utils.fake_openai import FakeOpenAI

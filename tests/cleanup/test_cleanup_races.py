@@ -17,7 +17,7 @@ from datetime import timedelta
 import psycopg
 
 from memchat import messages, store
-from memchat.db import connect_kwargs
+from memchat.store.db import connect_kwargs
 from memchat.usecases.cleanup import run_cleanup
 from tests.cleanup.conftest import Seeder
 

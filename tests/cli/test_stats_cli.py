@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from memchat import devdb
-from memchat.db import Database
+from memchat.store.db import Database
 from tests.utils.analytics_data import (
     Fresh,
     Recorder,

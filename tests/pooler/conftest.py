@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 
 from memchat import devdb
-from memchat.db import Database
+from memchat.store.db import Database
 from tests.utils import pgbouncer
 
 POOL_SIZE = 2

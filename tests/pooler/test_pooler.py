@@ -16,8 +16,8 @@ import psycopg
 import pytest
 
 from memchat import store
-from memchat.db import Database
 from memchat.errors import DatabasePermissionDenied
+from memchat.store.db import Database
 from memchat.usecases.cleanup import run_cleanup
 from tests.conftest import make_settings
 from tests.utils.api import ApiClient

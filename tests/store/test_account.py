@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from memchat import messages, store
-from memchat.errors import SessionNotFound
+from memchat.errors import NotesConflict, SessionNotFound
 from tests.utils.store_data import (
     TTL,
     contents,
@@ -185,9 +185,9 @@ async def test_notes_versioning(db, users):
     second = await store.save_notes(db, alice, "default", "# Name\nAlice B.", expected_version=1)
     assert (first.version, second.version) == (1, 2)
 
-    with pytest.raises(store.NotesConflict):
+    with pytest.raises(NotesConflict):
         await store.save_notes(db, alice, "default", "stale", expected_version=1)
-    with pytest.raises(store.NotesConflict):
+    with pytest.raises(NotesConflict):
         await store.save_notes(db, alice, "default", "stale", expected_version=0)
     current = await store.read_notes(db, alice, "default")
     assert (current.notes, current.version) == ("# Name\nAlice B.", 2)
@@ -263,12 +263,12 @@ async def test_export_returns_everything_in_order_with_unicode_intact(db, admin,
             (t0 + timedelta(minutes=offset), sid),
         )
 
-    async with db.transaction(alice.claims) as conn:
-        session_batches = await collect(store.export_sessions(conn, batch=2))
-        info = await store.export_session_info(conn, first.id)
-        message_batches = await collect(store.export_messages(conn, first.id, batch=4))
-        foreign = await store.export_session_info(conn, bobs.id)
-        pointers, notes = await store.export_account_extras(conn)
+    async with store.snapshot(db, alice, whole_account=True) as reader:
+        session_batches = await collect(reader.sessions(batch=2))
+        info = await reader.session(first.id)
+        message_batches = await collect(reader.messages(first.id, batch=4))
+        foreign = await reader.session(bobs.id)
+        pointers, notes = await reader.account_extras()
 
     assert [[s.id for s in batch] for batch in session_batches] == [
         [second.id, first.id],
@@ -308,8 +308,8 @@ async def test_export_messages_with_an_exact_multiple_of_the_batch(db, users):
     alice = users.create()
     info = await record(db, alice, exchange("a", "b") + exchange("c", "d"))
 
-    async with db.transaction(alice.claims) as conn:
-        batches = await collect(store.export_messages(conn, info.id, batch=2))
+    async with store.snapshot(db, alice, whole_account=False) as reader:
+        batches = await collect(reader.messages(info.id, batch=2))
 
     assert [[json.loads(t)["content"] for t in batch] for batch in batches] == [
         ["a", "b"],

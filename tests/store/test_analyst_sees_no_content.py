@@ -24,8 +24,8 @@ import pytest
 from psycopg import sql
 
 from memchat import messages, store
-from memchat.db import Database
 from memchat.model.embeddings import local_embedding
+from memchat.store.db import Database
 from tests.store.conftest import refused
 from tests.utils.analytics_data import Fresh, answer, pseudonym
 from tests.utils.store_data import TTL, record
@@ -65,7 +65,7 @@ async def write_everything(fresh: Fresh, who: str, caller: store.Caller, db: Dat
         )
     }
     session_id = uuid.uuid4()
-    dimensions = store.embedding_dimensions(fresh.admin_url)
+    dimensions = store.embedding_dimensions(fresh.admin)
     call = f"call-{who}"
     first = await store.record_turn(
         db,

@@ -3,7 +3,7 @@
 
 - Across users, the views add up a scripted history exactly: turns, tokens,
   latency, users per day, models, feedback rates, session lengths, recall
-  and summary use; `memchat.analytics` filters them by days and agent.
+  and summary use; `memchat.usecases.analytics` filters them by days and agent.
 - Users and sessions appear as keyed hashes (HMAC-SHA256 under the secret in
   memchat.analytics_key), the same as Python's hmac computes; rotating the
   secret changes them and nothing else.
@@ -32,8 +32,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from memchat import analytics, devdb, messages, store
-from memchat.db import Database
+from memchat import devdb, messages, store
+from memchat.store.db import Database
+from memchat.usecases import analytics
 from tests.store.conftest import refused
 from tests.utils.analytics_data import (
     Fresh,
@@ -259,7 +260,7 @@ def test_rotating_the_secret_changes_the_pseudonyms_and_nothing_else(history: Hi
         assert {view: view_rows(conn, view, None) for view in VIEWS} == before
 
 
-# ------------------------------------------------- memchat.analytics (stats)
+# ------------------------------------------------- memchat.usecases.analytics (stats)
 
 
 def test_the_report_reads_the_window_and_the_agent_as_the_analyst(history: History) -> None:
@@ -459,7 +460,7 @@ REFUSED_TO_THE_ANALYST = {
     "read notes": "select * from public.agent_long_term_memory",
     "read embeddings": "select * from memchat.message_embeddings",
     "read active pointers": "select * from public.user_agent_active_sessions",
-    "record a turn": store.RECORD_TURN.replace("%s", "null"),
+    "record a turn": store.turns.RECORD_TURN.replace("%s", "null"),
 }
 
 

@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from memchat import store
+from memchat.errors import DuplicateClientMessage, NotesConflict
 from tests.utils.store_data import contents, exchange, record, session_row, turn
 
 
@@ -99,7 +100,7 @@ async def test_concurrent_notes_updates_from_the_same_version_one_wins(db, admin
     )
 
     winners = [i for i, r in enumerate(results) if isinstance(r, store.SessionInfo)]
-    losers = [i for i, r in enumerate(results) if isinstance(r, store.NotesConflict)]
+    losers = [i for i, r in enumerate(results) if isinstance(r, NotesConflict)]
     assert len(winners) == 1 and len(losers) == 1, results
     (winner,), (loser,) = winners, losers
     notes = await store.read_notes(db, alice, "default")
@@ -120,7 +121,7 @@ async def test_notes_conflict_on_an_existing_session_stores_nothing(db, admin, u
     info = await record(db, alice, exchange("hello", "hi"), notes="v1", notes_version=0)
     await store.save_notes(db, alice, "default", "changed elsewhere")
 
-    with pytest.raises(store.NotesConflict):
+    with pytest.raises(NotesConflict):
         await store.record_turn(
             db,
             alice,
@@ -137,7 +138,7 @@ async def test_duplicate_client_message_id_stores_nothing(db, admin, users):
     info = await record(db, alice, exchange("hello", "hi"), client_message_id="cm-1")
     before = session_row(admin, info.id)
 
-    with pytest.raises(store.DuplicateClientMessage):
+    with pytest.raises(DuplicateClientMessage):
         await store.record_turn(
             db, alice, turn(info.id, exchange("hello again", "hi again"), client_message_id="cm-1")
         )
@@ -162,7 +163,7 @@ async def test_concurrent_retries_with_the_same_client_message_id(db, admin, use
     )
 
     stored = [r for r in results if isinstance(r, store.SessionInfo)]
-    duplicates = [r for r in results if isinstance(r, store.DuplicateClientMessage)]
+    duplicates = [r for r in results if isinstance(r, DuplicateClientMessage)]
     assert (len(stored), len(duplicates)) == (1, 4), results
     assert len(contents(admin, sid)) == 4
     assert session_row(admin, sid)["message_count"] == 4

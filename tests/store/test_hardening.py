@@ -12,8 +12,8 @@ import uuid
 import psycopg
 import pytest
 
-from memchat.db import Database, RequestLimits
 from memchat.errors import DatabaseUnavailable
+from memchat.store.db import Database, RequestLimits
 from tests.store.conftest import World
 from tests.store.test_privileges import sqlstate
 from tests.utils.store_data import acting_as, through_data_api

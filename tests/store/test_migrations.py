@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from memchat.migrate import discover, migrate
+from memchat.store.migrations import discover, migrate
 from tests.utils.analytics_data import empty_database
 from tests.utils.store_data import USER_TABLES
 

@@ -24,8 +24,8 @@ from psycopg.abc import Query
 from psycopg.types.json import Jsonb
 
 from memchat import messages, store
-from memchat.db import Database
 from memchat.errors import DatabasePermissionDenied, PayloadTooLarge
+from memchat.store.db import Database
 from memchat.throttle import Rate
 from tests.store.conftest import World, affected, refused
 from tests.utils.store_data import (
@@ -153,8 +153,8 @@ WITHOUT_THE_SWITCH = {
     "read messages": "select * from public.chat_message_history",
     "read notes": "select * from public.agent_long_term_memory",
     "read pointers": "select * from public.user_agent_active_sessions",
-    "load a turn": store.LOAD_CONTEXT.replace("%s", "null"),
-    "record a turn": store.RECORD_TURN.replace("%s", "null"),
+    "load a turn": store.turns.LOAD_CONTEXT.replace("%s", "null"),
+    "record a turn": store.turns.RECORD_TURN.replace("%s", "null"),
     "save notes": "select memchat.save_notes('default', 'x', null)",
     "insert a message": "insert into public.chat_message_history (session_id, user_id, message)"
     " values (%(a_session)s, %(a)s, %(message)s)",
@@ -183,7 +183,7 @@ async def test_a_store_call_without_claims_is_refused(database_url: str, world: 
             async with db.pipeline(None) as conn:
                 cur = conn.cursor()
                 await cur.execute(
-                    store.LOAD_CONTEXT,
+                    store.turns.LOAD_CONTEXT,
                     (world.a_session, "default", 10, True, None, None, 0, 1, 0, 0),
                 )
         assert await store.database_ok(db)  # the health check needs no table
@@ -216,8 +216,8 @@ REFUSED_TO_THE_DATA_API = {
     " where user_id = %(a)s",
     "backdate the pointer": "update public.user_agent_active_sessions"
     " set created_at = now() - interval '1 year' where user_id = %(a)s",
-    "call load_context": store.LOAD_CONTEXT.replace("%s", "null"),
-    "call record_turn": store.RECORD_TURN.replace("%s", "null"),
+    "call load_context": store.turns.LOAD_CONTEXT.replace("%s", "null"),
+    "call record_turn": store.turns.RECORD_TURN.replace("%s", "null"),
     "call save_notes": "select memchat.save_notes('default', 'x', null)",
     "read the limits": "select * from memchat.limits",
     "refill the throttle": "insert into memchat.chat_rate (user_id, tokens, refilled_at)"

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from memchat import store
-from memchat.db import Database
+from memchat.store.db import Database
 from tests.store.conftest import refused
 from tests.utils.store_data import acting_as, exchange, record, through_data_api, turn
 from tests.utils.users import UserFactory
@@ -177,7 +177,7 @@ def test_b_sees_and_writes_no_embedding_of_a(
         "b": b.user_id,
         "m": message_id,
         "s": session_id,
-        "v": store.vector_literal(unit(1)),
+        "v": store.fragments.vector_literal(unit(1)),
     }
     insert = (
         "insert into memchat.message_embeddings"
@@ -209,7 +209,7 @@ def test_the_data_api_cannot_read_vectors(
         assert refused(
             gateway,
             "select memchat.recall(null, 'default', 10, %(v)s::extensions.vector, 3, 0, 0.9)",
-            {"v": store.vector_literal(unit(1))},
+            {"v": store.fragments.vector_literal(unit(1))},
         )
 
 

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 
 from memchat import store
-from memchat.db import SET_CLAIMS, claims_params
 from memchat.errors import SessionNotFound
+from memchat.store.db import SET_CLAIMS, claims_params
 from tests.store.conftest import World, affected, on, refused
 from tests.utils.store_data import (
     TTL,

@@ -20,7 +20,7 @@ import pytest
 from psycopg.abc import Query
 
 from memchat import store
-from memchat.db import SET_CLAIMS, claims_params
+from memchat.store.db import SET_CLAIMS, claims_params
 from tests.store.conftest import World
 
 # What the current transaction read from chat_sessions.
@@ -33,17 +33,17 @@ select coalesce(seq_scan, 0), coalesce(seq_tup_read, 0), coalesce(idx_scan, 0),
 
 LOOKUPS: dict[str, tuple[Query, Any]] = {
     "load a turn": (
-        store.LOAD_CONTEXT,
+        store.turns.LOAD_CONTEXT,
         lambda sid: (sid, "default", 10, True, None, None, 0, 1, 0, 0),
     ),
-    "export a session": (store._EXPORT_SESSION, lambda sid: (sid,)),
+    "export a session": (store.export._SESSION, lambda sid: (sid,)),
     "session stats": ("select memchat.session_stats(%s)", lambda sid: (sid,)),
     "clear a session": (
-        store._CLEAR_LOCK,
+        store.sessions._CLEAR_LOCK,
         lambda sid: {"session_id": sid, "agent_name": "default"},
     ),
     "recall": (
-        store.RECALL,
+        store.embeddings.RECALL,
         lambda sid: (sid, "default", 10, "[" + ",".join(["0.1"] * 512) + "]", 3, 0.3, 0.9),
     ),
 }

@@ -23,8 +23,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from memchat import devdb, messages, store
-from memchat.db import Database
-from memchat.migrate import BOOTSTRAP_SQL, migrate
+from memchat.store.db import Database
+from memchat.store.migrations import BOOTSTRAP_SQL, migrate
 from tests.utils.store_data import record
 
 

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 
 from memchat import messages, store
-from memchat.db import SET_CLAIMS, Database, claims_params
+from memchat.store.db import SET_CLAIMS, Database, claims_params
 
 TTL = timedelta(hours=1)
 
@@ -121,7 +121,7 @@ def acting_as(
 ) -> Iterator[psycopg.Connection]:
     """A transaction on `conn` that runs as the API runs a request.
 
-    With claims: `memchat_user` with those claims (memchat.db.SET_CLAIMS).
+    With claims: `memchat_user` with those claims (memchat.store.db.SET_CLAIMS).
     With None: `anon` with no claims (needs a connection that may become
     anon: the owner's, standing in for PostgREST's `authenticator`). The
     transaction commits at the end, so anything a statement managed to

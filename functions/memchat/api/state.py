@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from memchat.auth import TokenVerifier
 from memchat.config import Settings
-from memchat.db import Database, RequestLimits
 from memchat.model.client import ModelClient
+from memchat.store.db import Database, RequestLimits
 from memchat.usecases.chat import ChatService
 
 

@@ -18,7 +18,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from memchat import messages, store
-from memchat.errors import IdempotencyInFlight, PayloadTooLarge, UpstreamTimeout
+from memchat.errors import (
+    DuplicateClientMessage,
+    IdempotencyInFlight,
+    NotesConflict,
+    PayloadTooLarge,
+    UpstreamTimeout,
+)
 from memchat.model import tools
 from memchat.throttle import Bucket, Rate
 from memchat.usecases import prompt
@@ -28,8 +34,8 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from memchat.config import Settings
-    from memchat.db import Database
     from memchat.model.client import Completion, ModelClient, ToolCall
+    from memchat.store.db import Database
     from memchat.usecases.streaming import TurnListener
 
 logger = logging.getLogger(__name__)
@@ -270,7 +276,7 @@ class ChatService:
         record_started = time.perf_counter()
         try:
             session = await self._record(caller, turn, outcome.edits, notes_limit)
-        except store.DuplicateClientMessage:
+        except DuplicateClientMessage:
             # A concurrent retry with the same client_message_id was stored first.
             return await self._stored_answer(caller, request, session_id, retrieval_ms)
         record_ms = (time.perf_counter() - record_started) * 1000
@@ -348,7 +354,7 @@ class ChatService:
             message=request.message,
         )
         if context.replay is None:
-            raise store.DuplicateClientMessage()
+            raise DuplicateClientMessage()
         return _replayed(context, ms)
 
     async def _release_claim(self, caller: store.Caller, client_message_id: str) -> None:
@@ -513,7 +519,7 @@ class ChatService:
         for attempt in range(_MAX_NOTE_RETRIES + 1):
             try:
                 return await store.record_turn(self.db, caller, turn)
-            except store.NotesConflict:
+            except NotesConflict:
                 if attempt == _MAX_NOTE_RETRIES:
                     raise
                 latest = await store.read_notes(self.db, caller, turn.agent_name)

@@ -68,7 +68,7 @@ from psycopg import errors as pg_errors
 
 from memchat import store
 from memchat.config import ConfigError
-from memchat.db import connect_kwargs
+from memchat.store.db import connect_kwargs
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Export: one session or a whole account as JSON, NDJSON or Markdown, streamed.
 
-The database builds each message's JSON text (`store.export_messages`); this
+The database builds each message's JSON text (store.export); this
 module only frames it, so an export of any size streams in batches and its
-memory stays flat. Everything is read in one transaction, opened inside the
+memory stays flat. Everything is read in one snapshot (store.snapshot), opened inside the
 generator so it lives while the response streams. The generator is started
 before the response is: a missing session (404) or an unreachable database
 (503) is an error response, never a broken 200.
@@ -24,10 +24,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from memchat import messages, store
 from memchat.errors import SessionNotFound
-from memchat.throttle import Bucket
 
 if TYPE_CHECKING:
-    from memchat.db import Database
+    from memchat.store.db import Database
 
 # Chunks are gathered up to about this many characters before they are sent,
 # so an account with many small sessions does not go out a few bytes at a time.
@@ -82,12 +81,12 @@ async def export_account(db: Database, caller: store.Caller, fmt: ExportFormat) 
 async def _session_chunks(
     db: Database, caller: store.Caller, session_id: uuid.UUID, out: Renderer
 ) -> AsyncGenerator[str, None]:
-    async with db.transaction(caller.claims, snapshot=True, throttle=Bucket.READ) as conn:
-        info = await store.export_session_info(conn, session_id)
+    async with store.snapshot(db, caller, whole_account=False) as reader:
+        info = await reader.session(session_id)
         if info is None:
             raise SessionNotFound()
         yield out.begin_session(info.as_dict(), standalone=True)
-        async for batch in store.export_messages(conn, info.id):
+        async for batch in reader.messages(info.id):
             yield out.messages(str(info.id), batch)
         yield out.end_session()
 
@@ -95,15 +94,15 @@ async def _session_chunks(
 async def _account_chunks(
     db: Database, caller: store.Caller, exported_at: datetime, out: Renderer
 ) -> AsyncGenerator[str, None]:
-    async with db.transaction(caller.claims, snapshot=True, throttle=Bucket.EXPORT) as conn:
+    async with store.snapshot(db, caller, whole_account=True) as reader:
         yield out.begin_account(str(caller.user_id), exported_at.isoformat())
-        async for sessions in store.export_sessions(conn):
+        async for sessions in reader.sessions():
             for info in sessions:
                 yield out.begin_session(info.as_dict(), standalone=False)
-                async for batch in store.export_messages(conn, info.id):
+                async for batch in reader.messages(info.id):
                     yield out.messages(str(info.id), batch)
                 yield out.end_session()
-        active_sessions, notes = await store.export_account_extras(conn)
+        active_sessions, notes = await reader.account_extras()
         yield out.end_account(active_sessions, notes)
 
 
@@ -132,6 +131,12 @@ async def _gathered(first: str, chunks: AsyncGenerator[str, None]) -> AsyncItera
 
 
 # ---------------------------------------------------------------- formats
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON, as the export writes every value (the database's
+    timestamps as the strings they arrive as)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 class Renderer(Protocol):
@@ -163,16 +168,16 @@ class JsonRenderer:
         self._messages = 0
 
     def begin_account(self, user_id: str, exported_at: str) -> str:
-        head = store.dumps({"user_id": user_id, "exported_at": exported_at})
+        head = dumps({"user_id": user_id, "exported_at": exported_at})
         return head[:-1] + ',"sessions":['
 
     def begin_session(self, session: dict[str, Any], *, standalone: bool) -> str:
         self._messages = 0
         if standalone:
-            return '{"session":' + store.dumps(session) + ',"messages":['
+            return '{"session":' + dumps(session) + ',"messages":['
         comma = "," if self._sessions else ""
         self._sessions += 1
-        return comma + store.dumps(session)[:-1] + ',"messages":['
+        return comma + dumps(session)[:-1] + ',"messages":['
 
     def messages(self, session_id: str, batch: list[str]) -> str:
         comma = "," if self._messages else ""
@@ -187,9 +192,9 @@ class JsonRenderer:
     ) -> str:
         return (
             '],"active_sessions":'
-            + store.dumps(active_sessions)
+            + dumps(active_sessions)
             + ',"long_term_memory":'
-            + store.dumps(notes)
+            + dumps(notes)
             + "}"
         )
 
@@ -221,7 +226,7 @@ class NdjsonRenderer:
 
 
 def _line(value: dict[str, Any]) -> str:
-    return store.dumps(value) + "\n"
+    return dumps(value) + "\n"
 
 
 class MarkdownRenderer:

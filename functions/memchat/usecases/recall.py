@@ -25,8 +25,8 @@ from memchat import store
 
 if TYPE_CHECKING:
     from memchat.config import Settings
-    from memchat.db import Database
     from memchat.model.client import ModelClient
+    from memchat.store.db import Database
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,8 @@ class Recall:
         if not (self.settings.memory_enabled and self.settings.memory_recall_k > 0):
             return
         try:
-            stored = store.embedding_dimensions(self.settings.database_url)
+            with store.connect(self.settings.database_url) as conn:
+                stored = store.embedding_dimensions(conn)
         except psycopg.OperationalError:
             logger.warning("could not check the embedding column at start; the first turn will")
             return

@@ -42,8 +42,8 @@ from memchat.errors import UpstreamError, UpstreamTimeout
 
 if TYPE_CHECKING:
     from memchat.config import Settings
-    from memchat.db import Database
     from memchat.model.client import ModelClient
+    from memchat.store.db import Database
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +115,8 @@ class Summarizer:
     @classmethod
     def for_settings(cls, settings: Settings) -> Summarizer:
         """A worker for `settings` (DATABASE_URL: the memchat_worker role's)."""
-        from memchat.db import Database
         from memchat.model.client import ModelClient
+        from memchat.store.db import Database
 
         return cls(
             db=Database(settings.database_url, settings.db_max_connections),

@@ -25,39 +25,25 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, LiteralString
+from typing import TYPE_CHECKING, Any
+
+from memchat.store.analytics import (
+    ANALYST_ROLE,
+    SCHEMA,
+    AnalyticsError,
+    Column,
+    Section,
+    first_line,
+    read_views,
+)
 
 if TYPE_CHECKING:
     import psycopg
-    from psycopg import sql
 
-ANALYST_ROLE = "memchat_analyst"
-SCHEMA = "memchat_analytics"
+__all__ = ["ANALYST_ROLE", "SCHEMA", "AnalyticsError", "Column", "Section"]
+
 DEFAULT_DAYS = 7
 MAX_DAYS = 36500  # a hundred years: any longer window is a typo
-
-
-class AnalyticsError(Exception):
-    """The views cannot be read (missing, not allowed, no database): a
-    sentence for the operator, with no secret in it."""
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str  # the view's column, and the JSON key
-    header: str  # in the printed table
-    kind: str  # day | text | int | float | rate
-
-
-@dataclass(frozen=True)
-class Section:
-    view: str  # in memchat_analytics; also the report's (and the JSON's) key
-    title: str
-    columns: tuple[Column, ...]
-    order: tuple[str, ...]
-    by_day: bool  # has `day`: filtered to the last N days
-    by_agent: bool  # has `agent_name`: filtered to --agent
-    empty: str  # printed instead of an empty table ({window}, {agent})
 
 
 def _col(name: str, header: str, kind: str = "int") -> Column:
@@ -211,103 +197,24 @@ def read_report(conninfo: str, *, days: int = DEFAULT_DAYS, agent: str | None = 
     """Connect, read every view (see `read`), disconnect."""
     import psycopg
 
-    from memchat.db import connect_kwargs
+    from memchat.store.db import connect
 
     try:
-        conn = psycopg.connect(conninfo, **connect_kwargs())
+        conn = connect(conninfo)
     except psycopg.OperationalError as exc:
-        raise AnalyticsError(f"cannot connect to the database: {_first_line(exc)}") from exc
+        raise AnalyticsError(f"cannot connect to the database: {first_line(exc)}") from exc
     with conn:
         return read(conn, days=days, agent=agent)
 
 
 def read(conn: psycopg.Connection[Any], *, days: int, agent: str | None) -> Report:
     """Every view's rows for the last `days` days (UTC) and `agent` (None:
-    all), in one read-only transaction as memchat_analyst where the login may
-    become it. `conn` must be in autocommit mode (memchat.db.connect_kwargs)."""
-    import psycopg
-    from psycopg import errors
-
+    all), as memchat_analyst where the login may become it
+    (store.analytics.read_views)."""
     if not 1 <= days <= MAX_DAYS:
         raise ValueError(f"days must be from 1 to {MAX_DAYS}")
-    login = "?"
-    try:
-        with conn.transaction():
-            conn.execute("set transaction read only")
-            (login,) = _row(conn, "select current_user")
-            _become_analyst(conn)
-            read_as, since, until = _row(
-                conn,
-                "select current_user, (now() at time zone 'UTC')::date - %s::integer,"
-                " (now() at time zone 'UTC')::date",
-                (days - 1,),
-            )
-            params = {"since": since, "agent": agent}
-            rows: dict[str, list[dict[str, Any]]] = {}
-            for section in SECTIONS:
-                cur = conn.execute(_query(section), params)
-                names = [d.name for d in cur.description or ()]
-                rows[section.view] = [dict(zip(names, row, strict=True)) for row in cur]
-    except (errors.UndefinedTable, errors.InvalidSchemaName) as exc:
-        raise AnalyticsError(
-            f"this database has no {SCHEMA} views: apply the migrations (memchat migrate)"
-        ) from exc
-    except errors.InsufficientPrivilege as exc:
-        raise AnalyticsError(
-            f"{login} may not read {SCHEMA} ({_first_line(exc)}): connect as the project"
-            f" owner, or grant {ANALYST_ROLE} to {login} (docs/analytics.md)"
-        ) from exc
-    except psycopg.OperationalError as exc:
-        raise AnalyticsError(f"the database connection failed: {_first_line(exc)}") from exc
-    return Report(days, agent, since, until, login, read_as, rows)
-
-
-def _become_analyst(conn: psycopg.Connection[Any]) -> None:
-    """`set local role memchat_analyst`, in a savepoint: if the login may
-    not (or the role is missing), the transaction goes on as the login."""
-    from psycopg import errors, sql
-
-    try:
-        with conn.transaction():
-            conn.execute(sql.SQL("set local role {}").format(sql.Identifier(ANALYST_ROLE)))
-    except (errors.InsufficientPrivilege, errors.InvalidParameterValue):
-        pass
-
-
-def _query(section: Section) -> sql.Composed:
-    """select <columns> from memchat_analytics.<view> [where ...] order by ..."""
-    from psycopg import sql
-
-    # Counts and sums as integers, averages and rates as floats (not numeric).
-    casts = {"int": sql.SQL("::bigint"), "float": sql.SQL("::float8"), "rate": sql.SQL("::float8")}
-    columns = sql.SQL(", ").join(
-        sql.SQL("{}{} as {}").format(
-            sql.Identifier("v", c.name), casts.get(c.kind, sql.SQL("")), sql.Identifier(c.name)
-        )
-        for c in section.columns
-    )
-    conditions = []
-    if section.by_day:
-        conditions.append(sql.SQL("v.day >= %(since)s"))
-    if section.by_agent:
-        conditions.append(sql.SQL("(%(agent)s::text is null or v.agent_name = %(agent)s::text)"))
-    where = sql.SQL(" where ") + sql.SQL(" and ").join(conditions) if conditions else sql.SQL("")
-    order = sql.SQL(", ").join(sql.Identifier("v", name) for name in section.order)
-    return sql.SQL("select {columns} from {view} v{where} order by {order}").format(
-        columns=columns, view=sql.Identifier(SCHEMA, section.view), where=where, order=order
-    )
-
-
-def _row(
-    conn: psycopg.Connection[Any], query: LiteralString, params: tuple[Any, ...] = ()
-) -> tuple[Any, ...]:
-    row = conn.execute(query, params).fetchone()
-    assert row is not None
-    return tuple(row)
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    read_ = read_views(conn, SECTIONS, days=days, agent=agent)
+    return Report(days, agent, read_.since, read_.until, read_.login, read_.read_as, read_.rows)
 
 
 # ---------------------------------------------------------------- render

@@ -1,4 +1,4 @@
-"""Connections and the per-request transaction.
+"""Connections, the per-request transaction, and the database's errors.
 
 The API logs in as `memchat_api`, a role with no rights of its own. Every
 user request runs in one transaction that first switches to `memchat_user`
@@ -30,7 +30,10 @@ from psycopg.pq import TransactionStatus
 from memchat.errors import (
     DatabasePermissionDenied,
     DatabaseUnavailable,
+    InvalidInput,
     MemchatError,
+    NotesConflict,
+    PayloadTooLarge,
     RateLimited,
     Unauthorized,
 )
@@ -120,6 +123,27 @@ IDLE_CHECK_SECONDS = 30.0
 def _require_user(row: tuple[Any, ...] | None) -> None:
     if not (row and row[0]):
         raise Unauthorized("This account no longer exists; sign in again.")
+
+
+# Raised by the migrations' SQL functions and triggers.
+NOTES_CONFLICT_SQLSTATE = "MC409"
+TOO_LARGE_SQLSTATE = "MC413"
+NOT_ALLOWED_SQLSTATE = "MC422"
+
+
+def translate(exc: psycopg.Error) -> Exception:
+    """A database error as the API's error: what the migrations' functions
+    and triggers raise (a notes conflict, a limit), a deleted user's row,
+    the throttle, a missing permission; else the error itself."""
+    if exc.sqlstate == NOTES_CONFLICT_SQLSTATE:
+        return NotesConflict()
+    if exc.sqlstate == TOO_LARGE_SQLSTATE:
+        return PayloadTooLarge("A value is larger than the database allows; shorten it.")
+    if exc.sqlstate == NOT_ALLOWED_SQLSTATE or isinstance(exc, psycopg.errors.CheckViolation):
+        return InvalidInput()
+    if isinstance(exc, psycopg.errors.ForeignKeyViolation):
+        return Unauthorized("This account no longer exists.")
+    return refusal(exc) or exc
 
 
 def refusal(exc: psycopg.Error) -> MemchatError | None:
@@ -309,3 +333,17 @@ class Database:
             # What AsyncConnection.close() does, minus the coroutine: closes
             # the socket (libpq sends a Terminate; a dead peer is ignored).
             conn.pgconn.finish()
+
+
+async def database_ok(db: Database) -> bool:
+    """Whether the database answers (GET /health): as the connecting role, no table."""
+    async with db.pipeline(None) as conn:
+        cur = conn.cursor()
+        await cur.execute("select 1")
+    return (await cur.fetchone()) == (1,)
+
+
+def connect(conninfo: str) -> psycopg.Connection[Any]:
+    """A synchronous connection for the batch jobs (cleanup, migrations, the
+    dev tools, the analytics report): autocommit, pooler-safe."""
+    return psycopg.connect(conninfo, **connect_kwargs())

@@ -16,11 +16,11 @@ from typing import Any
 
 import psycopg
 
-from memchat.db import connect_kwargs
+from memchat.store.db import connect
 
 logger = logging.getLogger(__name__)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 MIGRATIONS_DIR = PROJECT_ROOT / "supabase" / "migrations"
 BOOTSTRAP_SQL = PROJECT_ROOT / "infra" / "bootstrap.sql"
 _NAME = re.compile(r"^(\d+)_(.+)\.sql$")
@@ -54,7 +54,7 @@ def is_supabase(conn: psycopg.Connection[Any]) -> bool:
 def migrate(conninfo: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
     """Apply pending migrations; returns the versions applied. Idempotent."""
     applied_now: list[str] = []
-    with psycopg.connect(conninfo, **connect_kwargs()) as conn:
+    with connect(conninfo) as conn:
         conn.execute("select pg_advisory_lock(%s)", (_LOCK_KEY,))
         try:
             if not is_supabase(conn):

@@ -1,0 +1,101 @@
+"""The TTL cleanup's statements, as its own login role `memchat_cleanup`.
+
+Its policies show it expired sessions only (and, for a dry run's count,
+their messages' ids, never content). Synchronous: a scheduled batch job
+that holds one connection for its run (and one more for its latency probe).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+# Locks a batch of expired sessions, skipping any a live turn holds; the
+# lock re-reads expires_at, so a session a turn has just extended drops out.
+# The locked (id, user_id) keys go on as two arrays so the delete is a
+# primary-key lookup per session whatever the table's size. Messages go by
+# the FK cascade, and their embeddings and feedback with them by a
+# statement-level trigger (migration *_set_based_cascades.sql), which also
+# adds up how many messages went (memchat.deleted_messages, for the
+# transaction): the cleanup never reads a message to count it.
+_EXPIRE_BATCH = """
+with doomed as (
+    select s.id, s.user_id from public.chat_sessions s
+     where s.expires_at <= now()
+     order by s.expires_at
+     limit %(batch)s
+     for update skip locked
+), keys as (
+    select k.id, k.user_id
+      from unnest((select coalesce(array_agg(d.id), '{}') from doomed d)::uuid[],
+                  (select coalesce(array_agg(d.user_id), '{}') from doomed d)::uuid[])
+           as k(id, user_id)
+), gone as (
+    delete from public.chat_sessions s using keys k
+     where s.id = k.id and s.user_id = k.user_id returning 1
+)
+select count(*) from gone
+"""
+_DELETED_MESSAGES = (
+    "select coalesce(nullif(current_setting('memchat.deleted_messages', true), ''), '0')::bigint"
+)
+
+_COUNT_EXPIRED = """
+select count(*), coalesce(sum((select count(*) from public.chat_message_history h
+                                where h.session_id = s.id and h.user_id = s.user_id)), 0)::bigint
+  from public.chat_sessions s where s.expires_at <= now()
+"""
+
+
+def expire_sessions_batch(conn: psycopg.Connection[Any], batch: int) -> tuple[int, int]:
+    """Delete up to `batch` expired sessions with their messages, in one transaction.
+
+    Returns (deleted_sessions, deleted_messages).
+    """
+    with conn.transaction():
+        # Never queue behind a user's own writes for long; the next run resumes.
+        conn.execute("set local lock_timeout = '5s'")
+        sessions = conn.execute(_EXPIRE_BATCH, {"batch": batch}).fetchone()
+        messages = conn.execute(_DELETED_MESSAGES).fetchone()
+    assert sessions is not None and messages is not None
+    return int(sessions[0]), int(messages[0])
+
+
+_PURGE_CLAIMS = "delete from memchat.turn_claims where expires_at <= now()"
+
+
+def purge_expired_claims(conn: psycopg.Connection[Any]) -> int:
+    """Delete turn claims left by turns that never finished (a crashed instance)."""
+    with conn.transaction():
+        return conn.execute(_PURGE_CLAIMS).rowcount
+
+
+_PURGE_RATE_BUCKETS = (
+    "delete from memchat.rate_buckets where refilled_at < now() - interval '1 day'"
+)
+
+
+def purge_idle_rate_buckets(conn: psycopg.Connection[Any]) -> int:
+    """Delete throttle buckets untouched for a day: full again for any sane
+    rate, so a new request re-creates them as they would be."""
+    with conn.transaction():
+        return conn.execute(_PURGE_RATE_BUCKETS).rowcount
+
+
+def count_expired(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    """(sessions, messages) a cleanup run would delete now."""
+    row = conn.execute(_COUNT_EXPIRED).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def probe(conn: psycopg.Connection[Any]) -> None:
+    """One round trip that reads nothing: the latency probe's measure."""
+    conn.execute("select 1")
+
+
+def next_xid(conn: psycopg.Connection[Any]) -> int:
+    """One past the latest transaction id to finish (without taking one)."""
+    row = conn.execute("select pg_snapshot_xmax(pg_current_snapshot())::text::bigint").fetchone()
+    return int(row[0]) if row else 0

@@ -1,0 +1,149 @@
+"""Sessions: the caller's list, the active one, and clearing one."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+from psycopg import sql
+
+from memchat.errors import SessionNotFound
+from memchat.store.db import Database
+from memchat.store.fragments import SESSION_JSON
+from memchat.store.records import Caller, Cleared, SessionInfo
+from memchat.throttle import Bucket
+
+# Makes a session (of the caller's, by id) its agent's active one.
+_POINT_ACTIVE = """
+insert into public.user_agent_active_sessions as a
+    (user_id, agent_name, active_session_id, last_active_at)
+select s.user_id, s.agent_name, s.id, now()
+  from public.chat_sessions s
+ where s.user_id = (select auth.uid()) and s.id = %(session_id)s
+on conflict (user_id, agent_name) do update set
+    active_session_id = excluded.active_session_id,
+    last_active_at = excluded.last_active_at
+"""
+
+# The session a clear-session request names: the given id, else the active
+# one. The first statement locks it and records its id for the transaction,
+# so the later statements act on that session even if the active pointer
+# moves meanwhile (each statement of a read-committed transaction re-reads).
+_CLEAR_LOCK = """
+select s.id, set_config('memchat.clear_target', s.id::text, true)
+  from public.chat_sessions s
+ where s.user_id = (select auth.uid())
+   and s.id = coalesce(%(session_id)s::uuid,
+       (select a.active_session_id from public.user_agent_active_sessions a
+         where a.user_id = (select auth.uid()) and a.agent_name = %(agent_name)s))
+   for update
+"""
+_TARGET = sql.SQL("nullif(current_setting('memchat.clear_target', true), '')::uuid")
+
+_CLEAR_MESSAGES = sql.SQL(
+    "with d as (delete from public.chat_message_history h"
+    " where h.user_id = (select auth.uid()) and h.session_id = {target}"
+    " returning 1) select count(*) from d"
+).format(target=_TARGET)
+_CLEAR_MARK = sql.SQL(
+    "update public.chat_sessions set status = 'cleared', message_count = 0,"
+    " title = null, summary = null, summary_covers_until = null,"
+    " summary_covers_count = 0, summary_updated_at = null"
+    " where user_id = (select auth.uid()) and id = {target}"
+).format(target=_TARGET)
+_CLEAR_QUEUE = sql.SQL(
+    "delete from memchat.summary_queue"
+    " where user_id = (select auth.uid()) and session_id = {target}"
+).format(target=_TARGET)
+_CLEAR_NEW_SESSION = sql.SQL(
+    "insert into public.chat_sessions as s (id, user_id, agent_name, expires_at)"
+    " select %(new_id)s, %(user_id)s, t.agent_name, memchat.session_expiry(%(ttl)s)"
+    " from public.chat_sessions t where t.user_id = %(user_id)s and t.id = {target}"
+    " returning {session}"
+).format(target=_TARGET, session=sql.SQL(SESSION_JSON))
+
+
+async def clear_session(
+    db: Database,
+    caller: Caller,
+    *,
+    session_id: uuid.UUID | None,
+    agent_name: str,
+    ttl: timedelta,
+) -> Cleared:
+    """Forget a session's messages now and make a fresh session the active one."""
+    params = {
+        "session_id": session_id,
+        "agent_name": agent_name,
+        "new_id": uuid.uuid4(),
+        "user_id": caller.user_id,
+        "ttl": ttl,
+    }
+    async with db.pipeline(caller.claims, throttle=Bucket.WRITE) as conn:
+        target = conn.cursor()
+        await target.execute(_CLEAR_LOCK, params)
+        deleted = conn.cursor()
+        await deleted.execute(_CLEAR_MESSAGES, params)
+        await conn.execute(_CLEAR_MARK, params)
+        await conn.execute(_CLEAR_QUEUE, params)
+        created = conn.cursor()
+        await created.execute(_CLEAR_NEW_SESSION, params)
+        await conn.execute(_POINT_ACTIVE, {"session_id": params["new_id"]})
+    found = await target.fetchone()
+    if found is None:
+        raise SessionNotFound(
+            "No such session for this user."
+            if session_id
+            else f"There is no active session for agent {agent_name!r}."
+        )
+    count_row = await deleted.fetchone()
+    new_row = await created.fetchone()
+    assert count_row is not None and new_row is not None
+    return Cleared(found[0], count_row[0], SessionInfo.from_json(new_row[0]))
+
+
+_LIST_SESSIONS = sql.SQL(
+    "select {session} from public.chat_sessions s"
+    " where s.user_id = (select auth.uid())"
+    "   and (%(agent_name)s::text is null or s.agent_name = %(agent_name)s::text)"
+    "   and (%(before_at)s::timestamptz is null"
+    "        or (s.last_active_at, s.id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))"
+    " order by s.last_active_at desc, s.id desc limit %(limit)s"
+).format(session=sql.SQL(SESSION_JSON))
+
+_ACTIVE_SESSION = sql.SQL(
+    "select {session} from public.user_agent_active_sessions a"
+    " join public.chat_sessions s on s.id = a.active_session_id and s.user_id = a.user_id"
+    " where a.user_id = (select auth.uid()) and a.agent_name = %s"
+    "   and s.status = 'active' and s.expires_at > now()"
+).format(session=sql.SQL(SESSION_JSON))
+
+
+async def list_sessions(
+    db: Database,
+    caller: Caller,
+    *,
+    agent_name: str | None,
+    limit: int,
+    before: tuple[datetime, uuid.UUID] | None = None,
+) -> list[SessionInfo]:
+    """The caller's sessions, most recently active first (keyset pagination)."""
+    params = {
+        "agent_name": agent_name,
+        "limit": limit,
+        "before_at": before[0] if before else None,
+        "before_id": before[1] if before else None,
+    }
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(_LIST_SESSIONS, params)
+    return [SessionInfo.from_json(r[0]) for r in await cur.fetchall()]
+
+
+async def active_session(db: Database, caller: Caller, agent_name: str) -> SessionInfo | None:
+    """The session a message without session_id continues (None: there is none)."""
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(_ACTIVE_SESSION, (agent_name,))
+    row = await cur.fetchone()
+    return SessionInfo.from_json(row[0]) if row else None

@@ -1,0 +1,179 @@
+"""A chat turn's two round trips: load what it starts from, record what it stores.
+
+Both halves are SQL functions (migrations *_turn_functions.sql and later):
+PL/pgSQL caches their plans per server connection, pooler-safe.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from memchat.errors import (
+    DuplicateClientMessage,
+    IdempotencyConflict,
+    IdempotencyInFlight,
+    RateLimited,
+)
+from memchat.store.db import Database, translate
+from memchat.store.fragments import vector_literal
+from memchat.store.records import (
+    Caller,
+    Context,
+    Limits,
+    Notes,
+    Replay,
+    SessionInfo,
+    Summary,
+    Turn,
+)
+from memchat.throttle import OFF, Rate
+
+LOAD_CONTEXT = "select memchat.load_context(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+RECORD_TURN = (
+    "select memchat.record_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::extensions.vector, %s)"
+)
+_RELEASE_CLAIM = (
+    "delete from memchat.turn_claims where user_id = (select auth.uid()) and client_message_id = %s"
+)
+
+
+async def load_context(
+    db: Database,
+    caller: Caller,
+    *,
+    session_id: uuid.UUID | None,
+    agent_name: str,
+    window: int,
+    read_notes: bool = True,
+    client_message_id: str | None = None,
+    message: str | None = None,
+    throttle: Rate = OFF,
+    claim_seconds: float = 60.0,
+    read_max: int = 0,
+) -> Context:
+    """Resolve the session and read notes + the last `window` messages, and
+    the session's summary with the messages it does not cover yet when up to
+    `read_max` messages reach back to it (then the window is longer than
+    `window`; else the summary is left out).
+
+    With `throttle` on, the turn takes a token from the caller's chat bucket.
+    With `client_message_id`, a stored turn with that key is returned as
+    `replay`; otherwise the key is claimed for `claim_seconds` (until
+    `record_turn` or `release_claim`).
+
+    Raises IdempotencyConflict when the key was used with another `message`,
+    IdempotencyInFlight while another request answers the same key, RateLimited
+    when the caller is out of tokens.
+    """
+    args = (
+        session_id,
+        agent_name,
+        window,
+        read_notes,
+        client_message_id,
+        message,
+        throttle.per_minute,
+        throttle.burst,
+        claim_seconds,
+        read_max,
+    )
+    try:
+        async with db.pipeline(caller.claims) as conn:
+            cur = conn.cursor()
+            await cur.execute(LOAD_CONTEXT, args)
+    except psycopg.Error as exc:
+        raise translate(exc) from exc
+    row = await cur.fetchone()
+    assert row is not None
+    result: dict[str, Any] = row[0]
+    _refuse(result)
+    return _context(result, agent_name, read_notes)
+
+
+def _refuse(result: dict[str, Any]) -> None:
+    """Raise what load_context's answer refuses the turn for, if anything."""
+    if result.get("idempotency") == "in_flight":
+        raise IdempotencyInFlight()
+    if result.get("idempotency") == "conflict":
+        raise IdempotencyConflict()
+    if "throttled" in result:
+        raise RateLimited(float(result["throttled"]))
+
+
+def _context(result: dict[str, Any], agent_name: str, read_notes: bool) -> Context:
+    """load_context's answer as a Context: a replay, or what the turn starts from."""
+    session = result["session"]
+    info = SessionInfo.from_json(session) if session else None
+    replay = result["replay"]
+    if replay:
+        return Context(
+            session=info,
+            notes=None,
+            messages=[],
+            replay=Replay(replay["message"], replay["message_id"], replay["user_message_id"]),
+        )
+    limits = result["limits"]
+    summary = result.get("summary")
+    resolved_agent = info.agent_name if info else agent_name
+    return Context(
+        session=info,
+        notes=Notes.from_json(resolved_agent, result["notes"]) if read_notes else None,
+        messages=result["messages"],
+        replay=None,
+        claimed=result["claimed"],
+        limits=Limits(
+            max_message_chars=limits["max_message_chars"],
+            max_notes_chars=limits["max_notes_chars"],
+            max_session_ttl=timedelta(seconds=float(limits["max_session_ttl_seconds"])),
+        ),
+        summary=Summary(summary["text"], int(summary["covers_until"])) if summary else None,
+    )
+
+
+async def release_claim(db: Database, caller: Caller, client_message_id: str) -> None:
+    """Give up a turn's claim on its client_message_id (the turn failed)."""
+    async with db.pipeline(caller.claims) as conn:
+        await conn.execute(_RELEASE_CLAIM, (client_message_id,))
+
+
+async def record_turn(db: Database, caller: Caller, turn: Turn) -> SessionInfo:
+    """Store a whole turn atomically; sessions are locked so turns never interleave.
+
+    Returns the session the turn went into: `turn.session_id`, or with
+    `turn.new_session` the session a concurrent first turn made active.
+    Raises NotesConflict when the notes changed since they were read (nothing
+    is stored; re-read and retry), DuplicateClientMessage when a concurrent
+    request with the same client_message_id was stored first, PayloadTooLarge
+    or InvalidInput when a database limit refuses it.
+    """
+    args = (
+        turn.session_id,
+        turn.agent_name,
+        turn.title,
+        Jsonb(turn.messages),
+        turn.ttl,
+        turn.client_message_id,
+        turn.notes,
+        turn.notes_version,
+        turn.new_session,
+        vector_literal(turn.embedding),
+        turn.summary_due_after,
+    )
+    try:
+        async with db.pipeline(caller.claims) as conn:
+            session_cur = conn.cursor()
+            await session_cur.execute(RECORD_TURN, args)
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name == "chat_message_history_client_message_idx":
+            raise DuplicateClientMessage() from exc
+        raise
+    except psycopg.Error as exc:
+        raise translate(exc) from exc
+    row = await session_cur.fetchone()
+    assert row is not None
+    return SessionInfo.from_json(row[0])
