@@ -9,3 +9,14 @@ REUSE_DIR := build/sam-package
 .PHONY: build-ChatFunction build-ChatStreamFunction build-SessionsFunction build-ExportFunction build-CleanupFunction build-SummaryFunction
 build-ChatFunction build-ChatStreamFunction build-SessionsFunction build-ExportFunction build-CleanupFunction build-SummaryFunction:
 	bash infra/build_lambda.sh --no-zip --out "$(ARTIFACTS_DIR)" --reuse "$(REUSE_DIR)"
+
+# The fast lane: lint, format check, types and the unit tests (pytest -m unit:
+# no database, no servers), in the venv infra/test.sh uses. `bash infra/test.sh`
+# runs everything. Extra pytest arguments: make test-fast PYTEST_ARGS="-k tokens".
+.PHONY: test-fast
+test-fast:
+	bash -c 'set -euo pipefail; source infra/venv.sh test; \
+	  .venv/bin/ruff check functions tests; \
+	  .venv/bin/ruff format --check functions tests; \
+	  .venv/bin/mypy; \
+	  .venv/bin/python -m pytest -m unit -q $(PYTEST_ARGS)'

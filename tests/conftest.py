@@ -237,3 +237,23 @@ def fresh(admin: psycopg.Connection, admin_url: str, role_password: str | None) 
     tests that need to see every row: the operator's analytics)."""
     with fresh_database(admin, admin_url, role_password) as database:
         yield database
+
+
+# ------------------------------------------------------------ kinds of test
+
+# Each test gets one of the markers registered in pyproject.toml, from where it
+# lives: `pytest -m unit` is the fast lane (`make test-fast`), which needs no
+# database. A test under tests/unit that asks for the test database (any
+# fixture built on `admin_url`) is a `db` test wherever it lives.
+_KIND_BY_DIRECTORY = {"unit": "unit", "browser": "browser", "bench": "bench_smoke"}
+_TESTS_ROOT = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = item.path.resolve()
+        top = path.relative_to(_TESTS_ROOT).parts[0] if path.is_relative_to(_TESTS_ROOT) else ""
+        kind = _KIND_BY_DIRECTORY.get(top, "db")
+        if kind == "unit" and "admin_url" in getattr(item, "fixturenames", ()):
+            kind = "db"
+        item.add_marker(kind)

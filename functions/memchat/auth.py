@@ -11,7 +11,7 @@ PyJWT's own message); a key set that cannot be fetched is a 503
 (`auth_unavailable`), not a 401, which would sign the user out.
 
 PyJWT is imported on first use, not with this module: it brings in
-`cryptography` (about 60 ms of a cold start), which a process that has not
+`cryptography` (a sizeable part of a cold start), which a process that has not
 verified a token yet does not need. Under Lambda SnapStart the import is
 made before the snapshot (memchat.handlers.snapstart), and `reset()` drops
 the cached key set after a restore.

@@ -16,22 +16,21 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from functools import lru_cache
 from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 AGENT_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 
-# What a process serves (ROUTE_GROUPS), one group per function in
-# template.yaml: chat = POST /chat; sessions = clear-session, sessions,
-# memory and account; export = the two exports (GET /health is always
-# served with any of those); summaries = the rolling summary worker, no HTTP.
-RouteGroup = Literal["chat", "sessions", "export", "summaries"]
+# The routes an HTTP process serves (ROUTE_GROUPS), one group per function
+# in template.yaml: chat = POST /chat; sessions = clear-session, sessions,
+# memory, stats, feedback and account; export = the two exports (GET /health
+# is always served with any of those).
+RouteGroup = Literal["chat", "sessions", "export"]
 ROUTE_GROUPS: tuple[RouteGroup, ...] = get_args(RouteGroup)
-HTTP_GROUPS: tuple[RouteGroup, ...] = ("chat", "sessions", "export")
-# The groups that call the model, and so read OPENAI_API_KEY.
-MODEL_GROUPS: tuple[RouteGroup, ...] = ("chat", "summaries")
+# A scheduled job's process serves no routes: the rolling summary worker
+# (calls the model), the TTL cleanup (DATABASE_URL alone).
+Job = Literal["summaries", "cleanup"]
 
 # Whole values that are never a real secret (compared lowercased, unquoted).
 _PLACEHOLDER_VALUES = frozenset(
@@ -81,38 +80,38 @@ def is_placeholder(value: str, variable: str) -> bool:
 
 def parse_route_groups(value: object) -> frozenset[RouteGroup]:
     """ROUTE_GROUPS as a set: a comma-separated string or an iterable; None is
-    every HTTP group (the whole API, as `memchat dev` and the tests serve it)."""
+    every group (the whole API, as `memchat dev` and the tests serve it)."""
     if value is None:
-        return frozenset(HTTP_GROUPS)
+        return frozenset(ROUTE_GROUPS)
     if isinstance(value, str):
         names = [name.strip().lower() for name in value.split(",") if name.strip()]
     elif isinstance(value, Iterable):
         names = [str(name).strip().lower() for name in value]
     else:
-        raise ValueError("must be a comma-separated list of chat, sessions, export, summaries")
+        raise ValueError("must be a comma-separated list of chat, sessions, export")
     unknown = sorted(set(names) - set(ROUTE_GROUPS))
     if unknown:
         raise ValueError(
-            f"unknown route group {', '.join(map(repr, unknown))}:"
-            " use chat, sessions, export, summaries"
+            f"unknown route group {', '.join(map(repr, unknown))}: use chat, sessions, export"
         )
     if not names:
-        raise ValueError("name at least one of chat, sessions, export, summaries")
+        raise ValueError("name at least one of chat, sessions, export")
     return frozenset(name for name in ROUTE_GROUPS if name in names)
 
 
-def secret_settings(route_groups: Iterable[str]) -> tuple[str, ...]:
-    """The secret settings a process serving these route groups reads.
+def secret_settings(route_groups: Iterable[str], job: Job | None = None) -> tuple[str, ...]:
+    """The secret settings a process reads: one serving these route groups, or
+    running `job` (then it serves none).
 
     Every process connects to the database; the HTTP functions check tokens;
     only chat and the summary worker call the model, so only they read
     OPENAI_API_KEY.
     """
-    groups = set(route_groups)
+    groups = set() if job else set(route_groups)
     names: tuple[str, ...] = ("database_url",)
-    if groups & set(HTTP_GROUPS):
+    if groups:
         names += ("supabase_jwt_secret",)
-    if groups & set(MODEL_GROUPS):
+    if "chat" in groups or job == "summaries":
         names += ("openai_api_key",)
     return names
 
@@ -124,13 +123,15 @@ class Settings(BaseModel):
     regard to case, plus overrides), so each value arrives as the string the
     environment holds and the validators below parse it: a plain pydantic
     model, as pydantic-settings would add nothing here but its import time
-    (about 30 ms of every cold start, docs/benchmarks.md).
+    (docs/benchmarks.md).
     """
 
     model_config = ConfigDict(extra="ignore", validate_default=True)
 
     # What this process serves (template.yaml gives each function its own).
-    route_groups: frozenset[RouteGroup] = frozenset(HTTP_GROUPS)
+    route_groups: frozenset[RouteGroup] = frozenset(ROUTE_GROUPS)
+    # A scheduled job's process (its handler says which): then no route group.
+    job: Job | None = None
 
     database_url: str = Field(min_length=1)
     supabase_url: str | None = None
@@ -182,13 +183,17 @@ class Settings(BaseModel):
     summary_max_attempts: int = Field(default=5, ge=1, le=100)
     # Sessions claimed per worker round.
     summary_batch_size: int = Field(default=20, ge=1, le=1000)
-    # At most this many summaries a second: with a real model (about a second
-    # each, four at once) the worker hardly reaches it; with a very fast one
-    # it keeps the worker from crowding out the chat turns (measured:
-    # docs/benchmarks.md, "Rolling summaries"). 0: no cap.
+    # At most this many summaries a second: with a real model the worker
+    # hardly reaches it; with a very fast one it keeps the worker from
+    # crowding out the chat turns (docs/benchmarks.md, "Rolling summaries").
+    # 0: no cap.
     summary_max_per_second: float = Field(default=5.0, ge=0, le=10_000)
     session_ttl_hours: float = Field(default=168, gt=0)
+    # The scheduled cleanup (usecases/cleanup.py): sessions deleted per batch,
+    # and where its adaptive pause between batches starts, in batch durations
+    # (0: no pause).
     cleanup_batch_size: int = Field(default=1000, ge=1, le=100000)
+    cleanup_pause_factor: float = Field(default=1.0, ge=0, le=100)
     max_message_chars: int = Field(default=16000, ge=1)
     ltm_max_chars: int = Field(default=8000, ge=100)
     max_tool_rounds: int = Field(default=4, ge=1, le=16)
@@ -257,8 +262,9 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _check_secrets(self) -> Settings:
-        checks_tokens = bool(self.route_groups & set(HTTP_GROUPS))
-        if checks_tokens and not self.supabase_jwt_secret and not self.supabase_url:
+        if self.job is not None:
+            self.route_groups = frozenset()
+        if self.route_groups and not self.supabase_jwt_secret and not self.supabase_url:
             raise ValueError(
                 "set SUPABASE_JWT_SECRET (HS256 projects) or SUPABASE_URL (JWKS signing keys)"
             )
@@ -267,7 +273,7 @@ class Settings(BaseModel):
             is_placeholder(secret, "SUPABASE_JWT_SECRET") or len(secret) < 32
         ):
             raise ValueError("SUPABASE_JWT_SECRET must be the project's JWT secret (>= 32 chars)")
-        if not self.route_groups & set(MODEL_GROUPS):
+        if not self.calls_model:
             # Narrowed: a process that never calls the model never holds its key.
             self.openai_api_key = None
             return self
@@ -284,6 +290,11 @@ class Settings(BaseModel):
     def serves(self, group: RouteGroup) -> bool:
         """Whether this process serves the route group (ROUTE_GROUPS)."""
         return group in self.route_groups
+
+    @property
+    def calls_model(self) -> bool:
+        """Whether this process talks to the model (and so holds OPENAI_API_KEY)."""
+        return self.serves("chat") or self.job == "summaries"
 
     @property
     def jwt_issuer(self) -> str | None:
@@ -316,8 +327,3 @@ def load_settings(**overrides: object) -> Settings:
         return Settings.model_validate({**environment_values(), **overrides})
     except ValidationError as exc:
         raise ConfigError(f"invalid configuration: {_describe(exc)}") from None
-
-
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    return load_settings()

@@ -51,10 +51,6 @@ def request_scope(request_id: str) -> Iterator[None]:
         _request_id.reset(token)
 
 
-def current_request_id() -> str | None:
-    return _request_id.get()
-
-
 class RequestIdFilter(logging.Filter):
     """Stamps the current request's id on records that do not name one;
     with `correlation_id=True` also as `correlation_id` (for Powertools JSON,

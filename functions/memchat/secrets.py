@@ -30,9 +30,9 @@ import contextlib
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
-from memchat.config import ConfigError, parse_route_groups, secret_settings
+from memchat.config import ConfigError, Job, parse_route_groups, secret_settings
 from memchat.config import load_settings as _load_settings
 
 if TYPE_CHECKING:
@@ -127,24 +127,14 @@ def resolve(
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment, with secret-store values filled in.
 
-    Only the secrets this process's route groups need are fetched (the model
-    key only where chat is served), whatever else the environment points at.
+    Only the secrets this process needs are fetched (`job`: a scheduled job's;
+    else its ROUTE_GROUPS': the model key only where chat is served), whatever
+    else the environment points at.
     """
+    job = next((j for j in get_args(Job) if j == overrides.get("job")), None)
     groups = overrides.get("route_groups", os.environ.get("ROUTE_GROUPS"))
     try:
-        names = secret_settings(parse_route_groups(groups))
+        names = secret_settings(parse_route_groups(None if job else groups), job)
     except ValueError as exc:
         raise ConfigError(f"invalid configuration: ROUTE_GROUPS: {exc}") from None
     return _load_settings(**{**resolve(names), **overrides})
-
-
-def database_url(environ: Mapping[str, str] | None = None) -> str:
-    """DATABASE_URL alone (the cleanup function needs nothing else)."""
-    env = os.environ if environ is None else environ
-    value = resolve(["database_url"], env).get("database_url") or env.get("DATABASE_URL", "")
-    if not value.strip():
-        raise ConfigError(
-            "invalid configuration: DATABASE_URL: set DATABASE_URL, "
-            "DATABASE_URL_SECRET_ARN or DATABASE_URL_PARAMETER"
-        )
-    return value.strip()

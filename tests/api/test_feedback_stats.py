@@ -15,7 +15,7 @@ from langchain_core.messages import AIMessage
 from langchain_postgres import PostgresChatMessageHistory
 
 from memchat import store
-from memchat.usecases.cleanup import run_cleanup
+from memchat.usecases.cleanup import Cleanup
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import chat
 from tests.utils.fake_openai import FakeOpenAI, tool_call
@@ -238,7 +238,7 @@ async def test_feedback_goes_with_its_message(
         "update public.chat_sessions set expires_at = now() - interval '1 minute' where id = %s",
         (uuid.UUID(expired["session_id"]),),
     )
-    run_cleanup(cleanup_url, batch_size=1000)
+    Cleanup(cleanup_url, batch_size=1000, pause_factor=1.0).run()
     assert feedback_rows(admin, user_id) == 0
 
     await rated()

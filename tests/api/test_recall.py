@@ -14,7 +14,7 @@ import pytest
 
 from memchat.config import ConfigError
 from memchat.messages import MEMORY_OPEN, NOTES_PREAMBLE, RECALL_PREAMBLE
-from memchat.usecases.cleanup import run_cleanup
+from memchat.usecases.cleanup import Cleanup
 from tests.conftest import make_settings
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import chat, kinds, memory_text, remembered, system_texts
@@ -265,7 +265,7 @@ async def test_the_ttl_cleanup_removes_expired_embeddings_and_recall_skips_them_
     )
     expired = await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()))
     assert expired["memory"]["recalled"] == []  # expired, not yet cleaned: not recalled
-    run_cleanup(cleanup_url, batch_size=1000)
+    Cleanup(cleanup_url, batch_size=1000, pause_factor=1.0).run()
     (left,) = admin.execute(
         "select count(*) from memchat.message_embeddings where session_id = %s",
         (uuid.UUID(first["session_id"]),),

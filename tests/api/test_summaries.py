@@ -21,7 +21,7 @@ from memchat.config import Settings
 from memchat.errors import DatabasePermissionDenied
 from memchat.model.client import ModelClient
 from memchat.store.db import Database
-from memchat.usecases.cleanup import run_cleanup
+from memchat.usecases.cleanup import Cleanup
 from memchat.usecases.summarize import Summarizer
 from tests.conftest import make_settings
 from tests.utils.api import ApiClient
@@ -444,7 +444,7 @@ async def test_the_ttl_cleanup_removes_summaries_with_their_sessions(
         (uuid.UUID(sid),),
     )
     assert (await workers().run(max_seconds=30)).summarized == 0  # expired: skipped
-    run_cleanup(cleanup_url, batch_size=1000)
+    Cleanup(cleanup_url, batch_size=1000, pause_factor=1.0).run()
     (left,) = admin.execute(
         "select (select count(*) from public.chat_sessions where id = %(s)s)"
         " + (select count(*) from memchat.summary_queue where session_id = %(s)s)",

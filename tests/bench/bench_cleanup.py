@@ -10,7 +10,7 @@ batch size:
 * idle: the p50/p99 of chat turns at the store level
   (`store.load_context` + `store.record_turn` on live sessions), alone,
   timed half before the cleanup and half after it (and its vacuum);
-* cleanup: `run_cleanup` deletes every expired session while another
+* cleanup: `Cleanup.run` deletes every expired session while another
   thread runs the same turns; expired messages deleted per second and the
   turns' p50/p99 compared with idle; the time it paused against the time
   its batches took (`pause/batch`: the pause factor it settled on). The
@@ -58,7 +58,7 @@ from psycopg.types.json import Jsonb
 
 from memchat import messages, store
 from memchat.store.db import Database
-from memchat.usecases.cleanup import run_cleanup
+from memchat.usecases.cleanup import Cleanup
 from tests.bench import _common as common
 from tests.utils.users import claims_for
 
@@ -434,13 +434,13 @@ def one_run(
     wal_before = wal_lsn(admin)
     try:
         with patched_sql(run.variant), timed_batches(batch_ms):
-            result = run_cleanup(
+            result = Cleanup(
                 url,
                 batch_size=run.batch,
                 pause_factor=pause_factor,
                 adaptive=run.pace == "adaptive",
                 sleep=sleep,
-            )
+            ).run()
     finally:
         done.set()
         if thread.is_alive():
@@ -550,7 +550,7 @@ def main() -> None:
         "--pause-factor",
         type=float,
         default=1.0,
-        help="run_cleanup's pause factor: where the adaptive pause starts, or the fixed"
+        help="the cleanup's pause factor: where the adaptive pause starts, or the fixed"
         " pause in batch durations with `:fixed` (1: the default; 0: no pause)",
     )
     parser.add_argument(

@@ -152,7 +152,7 @@ async def drain(worker_url: str, model_url: str, seconds: float, pace: float) ->
     settings = load_settings(
         summary_max_per_second=pace,
         database_url=worker_url,
-        route_groups="summaries",
+        job="summaries",
         openai_api_key="bench-key",
         openai_base_url=model_url,
         openai_model="fake-model",

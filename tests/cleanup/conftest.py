@@ -8,11 +8,24 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
 
+from memchat.config import Settings
+from memchat.usecases.cleanup import Cleanup
+
 HOUR = timedelta(hours=1)
+# Where the adaptive pause starts unless a test says otherwise: CLEANUP_PAUSE_FACTOR's default.
+DEFAULT_PAUSE_FACTOR = Settings.model_fields["cleanup_pause_factor"].default
+
+
+def cleanup_on(url: str, *, batch_size: int, **options: Any) -> Cleanup:
+    """A cleanup on `url` (the memchat_cleanup role's), as configured by
+    default but for `batch_size` and `options`."""
+    options.setdefault("pause_factor", DEFAULT_PAUSE_FACTOR)
+    return Cleanup(url, batch_size=batch_size, **options)
 
 
 class Seeder:

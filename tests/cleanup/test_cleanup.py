@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from memchat.config import ConfigError
-from memchat.usecases.cleanup import CleanupResult, run_cleanup, settings_from_env
-from tests.cleanup.conftest import HOUR, Seeder
+from memchat.config import ConfigError, load_settings
+from memchat.usecases.cleanup import Cleanup, CleanupResult, TimeBudget
+from tests.cleanup.conftest import HOUR, Seeder, cleanup_on
 
 CONTRACT = {"deleted_sessions", "deleted_messages", "batches", "duration_ms", "finished"}
 
@@ -35,7 +35,7 @@ def test_deletes_expired_sessions_with_messages_and_pointers_keeps_the_rest(
     bob_expired = seed.session(bob.user_id, expires_in=-timedelta(seconds=1), messages=2)
     bob_live = seed.session(bob.user_id, expires_in=timedelta(minutes=1), messages=1)
 
-    result = run_cleanup(cleanup_url, batch_size=1000)
+    result = cleanup_on(cleanup_url, batch_size=1000).run()
 
     assert result.finished and result.batches >= 1
     assert result.deleted_sessions >= 2 and result.deleted_messages >= 6
@@ -55,7 +55,7 @@ def test_deletes_expired_sessions_with_messages_and_pointers_keeps_the_rest(
     ).fetchone()
     assert row == ("# Name\nAlice", 1)
 
-    again = run_cleanup(cleanup_url, batch_size=1000)  # idempotent
+    again = cleanup_on(cleanup_url, batch_size=1000).run()  # idempotent
     assert again.finished
     assert seed.user_sessions(alice.user_id) == 1 and seed.user_messages(alice.user_id) == 3
 
@@ -65,7 +65,7 @@ def test_works_in_batches_of_batch_size(cleanup_url, users, seed: Seeder):
     mine = [seed.session(user.user_id, messages=2) for _ in range(5)]
     sessions, messages = _expired_now(seed)
 
-    result = run_cleanup(cleanup_url, batch_size=2)
+    result = cleanup_on(cleanup_url, batch_size=2).run()
 
     # Full batches until a short one (possibly empty) says nothing is left.
     assert result.batches == sessions // 2 + 1
@@ -79,14 +79,14 @@ def test_dry_run_counts_and_deletes_nothing(cleanup_url, users, seed: Seeder):
     mine = [seed.session(user.user_id, messages=3) for _ in range(2)]
     sessions, messages = _expired_now(seed)
 
-    result = run_cleanup(cleanup_url, batch_size=1, dry_run=True)
+    result = cleanup_on(cleanup_url, batch_size=1).dry_run()
 
     assert (result.deleted_sessions, result.deleted_messages) == (sessions, messages)
     assert result.dry_run and result.finished and result.batches == 0
     assert result.as_dict()["dry_run"] is True
     assert all(seed.exists(sid) and seed.message_count(sid) == 3 for sid in mine)
 
-    run_cleanup(cleanup_url, batch_size=1000)
+    cleanup_on(cleanup_url, batch_size=1000).run()
     assert not any(seed.exists(sid) for sid in mine)
 
 
@@ -104,14 +104,13 @@ def test_stopped_by_its_budget_resumes_on_the_next_run(cleanup_url, users, seed:
     # batch). After the second batch 2 s are left: less than the pause plus
     # 3x the slowest batch, so the run stops there rather than sleep.
     pauses: list[float] = []
-    first = run_cleanup(
+    first = cleanup_on(
         cleanup_url,
         batch_size=1,
-        max_seconds=10,
         clock=StepClock(),
         sleep=pauses.append,
         probe=False,  # paced by the batches alone: the StepClock's
-    )
+    ).run(TimeBudget(max_seconds=10))
 
     assert not first.finished
     assert (first.batches, first.deleted_sessions, first.deleted_messages) == (2, 2, 4)
@@ -119,7 +118,7 @@ def test_stopped_by_its_budget_resumes_on_the_next_run(cleanup_url, users, seed:
     assert pauses == [pytest.approx(0.8)]
     assert [seed.exists(sid) for sid in mine] == [False, False, True, True, True]
 
-    second = run_cleanup(cleanup_url, batch_size=1, max_seconds=600)
+    second = cleanup_on(cleanup_url, batch_size=1).run(TimeBudget(max_seconds=600))
 
     assert second.finished and second.deleted_sessions >= 3
     assert not any(seed.exists(sid) for sid in mine)
@@ -130,26 +129,26 @@ def test_lambda_remaining_time_is_the_budget(cleanup_url, users, seed: Seeder):
     sid = seed.session(user.user_id, messages=1)
 
     # Less than the reserve the Lambda keeps to return: not a single batch.
-    starved = run_cleanup(cleanup_url, batch_size=1000, remaining_ms=lambda: 1500)
+    starved = cleanup_on(cleanup_url, batch_size=1000).run(TimeBudget(remaining_ms=lambda: 1500))
     assert (starved.batches, starved.deleted_sessions, starved.finished) == (0, 0, False)
     assert seed.exists(sid)
 
-    ample = run_cleanup(cleanup_url, batch_size=1000, remaining_ms=lambda: 60_000)
+    ample = cleanup_on(cleanup_url, batch_size=1000).run(TimeBudget(remaining_ms=lambda: 60_000))
     assert ample.finished and not seed.exists(sid)
 
 
 def test_a_zero_budget_deletes_nothing(cleanup_url, users, seed: Seeder):
     user = users.create()
     sid = seed.session(user.user_id, messages=1)
-    result = run_cleanup(cleanup_url, batch_size=1000, max_seconds=0)
+    result = cleanup_on(cleanup_url, batch_size=1000).run(TimeBudget(max_seconds=0))
     assert (result.batches, result.finished) == (0, False) and seed.exists(sid)
-    run_cleanup(cleanup_url, batch_size=1000)
+    cleanup_on(cleanup_url, batch_size=1000).run()
     assert not seed.exists(sid)
 
 
 def test_logs_one_line_with_the_result(cleanup_url, caplog):
     with caplog.at_level(logging.INFO, logger="memchat.usecases.cleanup"):
-        result = run_cleanup(cleanup_url, batch_size=1000)
+        result = cleanup_on(cleanup_url, batch_size=1000).run()
     lines = [r for r in caplog.records if r.name == "memchat.usecases.cleanup"]
     assert len(lines) == 1
     assert lines[0].getMessage().startswith("cleanup {")
@@ -170,9 +169,11 @@ def test_result_contract():
     assert set(dry.as_dict()) == CONTRACT | {"dry_run"}
 
 
-def test_batch_size_must_be_positive(cleanup_url):
+def test_batch_size_must_be_positive_and_the_pause_factor_not_negative(cleanup_url):
     with pytest.raises(ValueError, match="batch_size"):
-        run_cleanup(cleanup_url, batch_size=0)
+        Cleanup(cleanup_url, batch_size=0, pause_factor=1.0)
+    with pytest.raises(ValueError, match="pause factor"):
+        Cleanup(cleanup_url, batch_size=1, pause_factor=-1.0)
 
 
 def _expired_now(seed: Seeder) -> tuple[int, int]:
@@ -191,14 +192,14 @@ def test_pauses_between_batches_in_proportion_to_each_batch(cleanup_url, users, 
         seed.session(users.create().user_id, messages=2)
     pauses: list[float] = []
     # A fixed factor (not adaptive): each pause is exactly 2x its batch, 1 s here.
-    result = run_cleanup(
+    result = cleanup_on(
         cleanup_url,
         batch_size=2,
         pause_factor=2.0,
         adaptive=False,
         clock=StepClock(),
         sleep=pauses.append,
-    )
+    ).run()
     assert result.finished and result.batches >= 3
     # No pause after the last (short) batch: nothing is left to throttle.
     assert pauses == [2.0] * (result.batches - 1)
@@ -206,7 +207,7 @@ def test_pauses_between_batches_in_proportion_to_each_batch(cleanup_url, users, 
     for _ in range(5):
         seed.session(users.create().user_id, messages=2)
     adaptive: list[float] = []
-    result = run_cleanup(cleanup_url, batch_size=2, pause_factor=2.0, sleep=adaptive.append)
+    result = cleanup_on(cleanup_url, batch_size=2, pause_factor=2.0, sleep=adaptive.append).run()
     assert result.finished and result.batches >= 3
     assert len(adaptive) == result.batches - 1
     assert all(p > 0 for p in adaptive)
@@ -214,7 +215,7 @@ def test_pauses_between_batches_in_proportion_to_each_batch(cleanup_url, users, 
     for _ in range(3):
         seed.session(users.create().user_id, messages=1)
     unthrottled: list[float] = []
-    run_cleanup(cleanup_url, batch_size=1, pause_factor=0, sleep=unthrottled.append)
+    cleanup_on(cleanup_url, batch_size=1, pause_factor=0, sleep=unthrottled.append).run()
     assert unthrottled == []
 
 
@@ -226,8 +227,10 @@ def test_pauses_between_batches_in_proportion_to_each_batch(cleanup_url, users, 
         ({"CLEANUP_PAUSE_FACTOR": "0"}, (1000, 0.0)),
     ],
 )
-def test_settings_from_env(env, expected):
-    assert settings_from_env(env) == expected
+def test_configured_by_the_settings(monkeypatch, env, expected):
+    configured = Cleanup.for_settings(_settings(monkeypatch, env))
+    assert (configured.batch_size, configured.pause_factor) == expected
+    assert configured.conninfo == "postgresql://localhost/memchat"
 
 
 @pytest.mark.parametrize(
@@ -239,6 +242,21 @@ def test_settings_from_env(env, expected):
         ({"CLEANUP_PAUSE_FACTOR": "fast"}, "CLEANUP_PAUSE_FACTOR"),
     ],
 )
-def test_bad_settings_name_the_variable(env, named):
+def test_bad_settings_name_the_variable(monkeypatch, env, named):
     with pytest.raises(ConfigError, match=named):
-        settings_from_env(env)
+        _settings(monkeypatch, env)
+
+
+def _settings(monkeypatch, env: dict[str, str]):
+    """The cleanup function's settings (its DATABASE_URL alone, no token or model settings)."""
+    for name in (
+        "CLEANUP_BATCH_SIZE",
+        "CLEANUP_PAUSE_FACTOR",
+        "SUPABASE_JWT_SECRET",
+        "SUPABASE_URL",
+        "OPENAI_API_KEY",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return load_settings(job="cleanup", database_url="postgresql://localhost/memchat")

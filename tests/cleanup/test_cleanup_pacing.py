@@ -1,6 +1,6 @@
 """The cleanup's adaptive pause: longer while batches hurt or run slow, shorter when not.
 
-`run_cleanup` measures each batch with its `clock` and pauses with its
+`Cleanup` measures each batch with its `clock` and pauses with its
 `sleep`; most tests below inject both (a clock that moves a fixed tick per
 read, so that every batch "takes" the same time and its speed per row is
 set by how many rows it deletes) and leave the latency probe out (it times
@@ -23,8 +23,8 @@ import psycopg
 import pytest
 
 from memchat.usecases import cleanup
-from memchat.usecases.cleanup import LatencyProbe, Pacer, run_cleanup
-from tests.cleanup.conftest import Seeder
+from memchat.usecases.cleanup import LatencyProbe, Pacer, TimeBudget
+from tests.cleanup.conftest import Seeder, cleanup_on
 
 # Expired before anything the other tests create: these go first, in this order.
 EPOCH = datetime(1960, 1, 1, tzinfo=UTC)
@@ -78,9 +78,9 @@ def test_pause_lengthens_while_batches_slow_down_and_shortens_after(
     mine = _oldest_first(seed, user.user_id, plan)
     fake = FakeTime()
 
-    result = run_cleanup(
+    result = cleanup_on(
         cleanup_url, batch_size=1, pause_factor=1.0, clock=fake.clock, sleep=fake.sleep, probe=False
-    )
+    ).run()
 
     assert result.finished and not any(seed.exists(sid) for sid in mine)
     factors = [p / TICK for p in fake.pauses[: len(plan)]]
@@ -100,9 +100,9 @@ def test_bounds_follow_the_configured_factor(cleanup_url, users, seed: Seeder):
     mine = _oldest_first(seed, user.user_id, [9] + [3] * 4)
     fake = FakeTime()
 
-    run_cleanup(
+    cleanup_on(
         cleanup_url, batch_size=1, pause_factor=0.5, clock=fake.clock, sleep=fake.sleep, probe=False
-    )
+    ).run()
 
     assert not any(seed.exists(sid) for sid in mine)
     factors = [p / TICK for p in fake.pauses[:5]]
@@ -115,22 +115,22 @@ def test_a_fixed_factor_or_none_does_not_adapt(cleanup_url, users, seed: Seeder)
     plan = [9, 3, 3, 9]
     mine = _oldest_first(seed, user.user_id, plan)
     fake = FakeTime()
-    run_cleanup(
+    cleanup_on(
         cleanup_url,
         batch_size=1,
         pause_factor=1.5,
         adaptive=False,
         clock=fake.clock,
         sleep=fake.sleep,
-    )
+    ).run()
     assert not any(seed.exists(sid) for sid in mine)
     assert fake.pauses[: len(plan)] == pytest.approx([1.5 * TICK] * len(plan))
 
     mine = _oldest_first(seed, user.user_id, plan)
     flat_out = FakeTime()
-    result = run_cleanup(
+    result = cleanup_on(
         cleanup_url, batch_size=1, pause_factor=0, clock=flat_out.clock, sleep=flat_out.sleep
-    )
+    ).run()
     assert result.finished and not any(seed.exists(sid) for sid in mine)
     assert flat_out.pauses == []
 
@@ -148,9 +148,9 @@ def test_others_writing_lengthens_the_pause_until_the_database_is_idle(
         if len(fake.pauses) <= 3:  # a user's turn commits during each of the first 3 pauses
             writer.execute("select pg_current_xact_id()")  # takes a transaction id
 
-    run_cleanup(
+    cleanup_on(
         cleanup_url, batch_size=1, pause_factor=1.0, clock=fake.clock, sleep=sleep, probe=False
-    )
+    ).run()
 
     assert not any(seed.exists(sid) for sid in mine)
     factors = [p / TICK for p in fake.pauses[:12]]
@@ -171,30 +171,28 @@ def test_a_pause_never_eats_into_the_next_batchs_time(cleanup_url, users, seed: 
     # The first batch takes 1 s and earns a pause of 80 s (factor 100, eased to
     # 80); with 60 s in all, that would leave less than 3x the batch for the
     # next: the run stops without sleeping and the next run goes on.
-    first = run_cleanup(
+    first = cleanup_on(
         cleanup_url,
         batch_size=1,
-        max_seconds=60,
         pause_factor=100,
         clock=fake.clock,
         sleep=fake.sleep,
         probe=False,
-    )
+    ).run(TimeBudget(max_seconds=60))
     assert (first.batches, first.deleted_sessions, first.finished) == (1, 1, False)
     assert fake.pauses == []
     assert [seed.exists(sid) for sid in mine] == [False, True, True]
 
     # With room for both, it sleeps and goes on.
     ample = FakeTime(tick=1.0)
-    second = run_cleanup(
+    second = cleanup_on(
         cleanup_url,
         batch_size=1,
-        max_seconds=1000,
         pause_factor=100,
         clock=ample.clock,
         sleep=ample.sleep,
         probe=False,
-    )
+    ).run(TimeBudget(max_seconds=1000))
     assert second.finished and not any(seed.exists(sid) for sid in mine)
     assert ample.pauses[0] == pytest.approx(80.0)
 
@@ -232,7 +230,7 @@ def test_a_batch_held_up_by_a_lock_lengthens_the_pause(admin_url, cleanup_url, u
     try:
         assert locked.wait(10)
         pauses: list[float] = []
-        result = run_cleanup(cleanup_url, batch_size=1, clock=clock, sleep=pauses.append)
+        result = cleanup_on(cleanup_url, batch_size=1, clock=clock, sleep=pauses.append).run()
     finally:
         holder.join()
 
@@ -317,7 +315,7 @@ def test_without_its_probe_the_cleanup_still_runs(cleanup_url, users, seed: Seed
     user = users.create()
     mine = _oldest_first(seed, user.user_id, [1, 1, 1])
     pauses: list[float] = []
-    result = run_cleanup(cleanup_url, batch_size=1, sleep=pauses.append)  # probing
+    result = cleanup_on(cleanup_url, batch_size=1, sleep=pauses.append).run()  # probing
     assert result.finished and not any(seed.exists(sid) for sid in mine)
     assert len(pauses) >= 3
     assert _gone(seed.admin)  # closed with the run (its backend leaves just after)
@@ -331,12 +329,12 @@ def test_no_probe_when_it_would_not_be_used(cleanup_url, admin, users, seed: See
 
     user = users.create()
     _oldest_first(seed, user.user_id, [1, 1])
-    run_cleanup(cleanup_url, batch_size=1, sleep=sleep)
+    cleanup_on(cleanup_url, batch_size=1, sleep=sleep).run()
     assert seen and all(n == 1 for n in seen)  # the default: probing while it runs
     for options in ({"adaptive": False}, {"probe": False}):
         _oldest_first(seed, user.user_id, [1, 1])
         seen.clear()
-        run_cleanup(cleanup_url, batch_size=1, sleep=sleep, **options)
+        cleanup_on(cleanup_url, batch_size=1, sleep=sleep, **options).run()
         assert seen and all(n == 0 for n in seen), options
 
 

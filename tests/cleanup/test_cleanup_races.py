@@ -18,8 +18,7 @@ import psycopg
 
 from memchat import messages, store
 from memchat.store.db import connect_kwargs
-from memchat.usecases.cleanup import run_cleanup
-from tests.cleanup.conftest import Seeder
+from tests.cleanup.conftest import Seeder, cleanup_on
 
 # What a turn does to the session row (memchat.record_turn): lock it, then slide it.
 LOCK = "select 1 from public.chat_sessions where id = %(session_id)s for update"
@@ -58,7 +57,7 @@ def test_a_session_a_turn_is_extending_is_skipped_without_waiting(
 
         # The whole use case too, on its own connection, while the turn is still open.
         with ThreadPoolExecutor(1) as pool:
-            result = pool.submit(run_cleanup, cleanup_url, batch_size=1000).result(timeout=10)
+            result = pool.submit(cleanup_on(cleanup_url, batch_size=1000).run).result(timeout=10)
         assert result.finished and seed.exists(extended)
         turn.commit()
     finally:
@@ -66,7 +65,7 @@ def test_a_session_a_turn_is_extending_is_skipped_without_waiting(
 
     assert seed.exists(extended) and seed.message_count(extended) == 3
     assert seed.pointer(user.user_id, "default") == extended
-    run_cleanup(cleanup_url, batch_size=1000)
+    cleanup_on(cleanup_url, batch_size=1000).run()
     assert seed.exists(extended) and seed.message_count(extended) == 3
 
 
@@ -79,7 +78,7 @@ def test_an_extension_committed_just_before_the_batch_is_seen(
     turn.commit()
     turn.close()
 
-    run_cleanup(cleanup_url, batch_size=1000)
+    cleanup_on(cleanup_url, batch_size=1000).run()
 
     assert seed.exists(extended) and seed.message_count(extended) == 3
 
@@ -101,7 +100,7 @@ async def test_a_turn_on_an_expired_session_not_yet_cleaned_keeps_it(
             ttl=timedelta(hours=1),
         ),
     )
-    run_cleanup(cleanup_url, batch_size=1000)
+    cleanup_on(cleanup_url, batch_size=1000).run()
 
     # The expired history was reset by the turn; the session and the new turn live on.
     assert info.message_count == 2
@@ -115,12 +114,12 @@ def test_two_cleanups_at_once_delete_each_row_once(cleanup_url, users, seed: See
     sessions_before, messages_before = seed.totals()
     start = threading.Barrier(2)
 
-    def cleanup() -> object:
+    def run() -> object:
         start.wait()
-        return run_cleanup(cleanup_url, batch_size=100)
+        return cleanup_on(cleanup_url, batch_size=100).run()
 
     with ThreadPoolExecutor(2) as pool:
-        first, second = (f.result(timeout=120) for f in [pool.submit(cleanup) for _ in "ab"])
+        first, second = (f.result(timeout=120) for f in [pool.submit(run) for _ in "ab"])
 
     sessions_after, messages_after = seed.totals()
     assert first.finished and second.finished

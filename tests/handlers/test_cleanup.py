@@ -121,8 +121,10 @@ def test_needs_only_the_database_url(
     for name in ("OPENAI_API_KEY", "SUPABASE_JWT_SECRET"):
         monkeypatch.delenv(name)
     monkeypatch.setenv("CLEANUP_BATCH_SIZE", "50")
+    monkeypatch.setenv("CLEANUP_PAUSE_FACTOR", "0.5")
     module = lambda_.load("cleanup")
-    assert module.batch_size == 50
+    assert (module.cleanup.batch_size, module.cleanup.pause_factor) == (50, 0.5)
+    assert module.settings.openai_api_key is None and module.settings.supabase_jwt_secret is None
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "many", "100001"])

@@ -174,12 +174,6 @@ def test_a_placeholder_in_the_store_fails_by_name(parameter_store: ParameterStor
     assert "sk-" not in str(error.value)
 
 
-def test_database_url_alone() -> None:
-    assert secrets.database_url({"DATABASE_URL": f" {DB} "}) == DB
-    with pytest.raises(ConfigError, match="DATABASE_URL"):
-        secrets.database_url({})
-
-
 def test_through_powertools_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
     """The real fetchers, with AWS replaced by botocore's Stubber."""
     import boto3

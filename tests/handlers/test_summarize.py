@@ -74,7 +74,7 @@ def test_the_worker_needs_no_token_settings(lambda_: LambdaRuntime, monkeypatch)
     """Its settings are narrowed to what it uses: the database and the model."""
     monkeypatch.delenv("SUPABASE_JWT_SECRET")
     module = lambda_.load("summarize")
-    assert module.settings.serves("summaries") and not module.settings.serves("chat")
+    assert module.settings.job == "summaries" and module.settings.route_groups == frozenset()
     assert module.settings.supabase_jwt_secret is None
 
 

@@ -18,7 +18,7 @@ import pytest
 from memchat import store
 from memchat.errors import DatabasePermissionDenied
 from memchat.store.db import Database
-from memchat.usecases.cleanup import run_cleanup
+from memchat.usecases.cleanup import Cleanup
 from tests.conftest import make_settings
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import chat
@@ -170,7 +170,7 @@ def test_the_cleanup_through_the_pooler(
         " values (%s, %s, now() - interval '1 hour')",
         (doomed, owner.user_id),
     )
-    result = run_cleanup(pooler.url(cleanup_url), batch_size=1)
+    result = Cleanup(pooler.url(cleanup_url), batch_size=1, pause_factor=1.0).run()
     assert result.finished and result.deleted_sessions >= 1
     assert (
         admin.execute("select 1 from public.chat_sessions where id = %s", (doomed,)).fetchone()

@@ -33,6 +33,7 @@ import pytest
 from psycopg import sql
 
 from memchat import devdb, messages, store
+from memchat.cli.stats import render
 from memchat.store.db import Database
 from memchat.usecases import analytics
 from tests.store.conftest import refused
@@ -308,7 +309,7 @@ def test_the_report_reads_the_window_and_the_agent_as_the_analyst(history: Histo
     assert [r["agent_name"] for r in today_only.rows["daily_feedback"]] == ["sales", "support"]
     nobody = analytics.read(history.fresh.admin, days=30, agent="nobody")
     assert nobody.rows["daily_feedback"] == nobody.rows["daily_memory_use"] == []
-    assert "no ratings in the last 30 days for agent nobody" in analytics.render(nobody)
+    assert "no ratings in the last 30 days for agent nobody" in render(nobody)
 
 
 def test_a_login_that_cannot_become_the_analyst_reads_with_its_own_rights(

@@ -7,11 +7,9 @@ from collections.abc import Iterator
 import pytest
 
 from memchat.config import (
-    HTTP_GROUPS,
     ROUTE_GROUPS,
     ConfigError,
     Settings,
-    get_settings,
     is_placeholder,
     load_settings,
     secret_settings,
@@ -59,9 +57,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Only what a test sets counts: no setting leaks in from the shell."""
     for name in Settings.model_fields:
         monkeypatch.delenv(name.upper(), raising=False)
-    get_settings.cache_clear()
     yield
-    get_settings.cache_clear()
 
 
 @pytest.fixture
@@ -126,12 +122,6 @@ def test_a_bad_value_names_its_variable(minimal: None, monkeypatch: pytest.Monke
         load_settings()
     assert "MEMORY_RECALL_K" in str(refused.value)
     assert "CHAT_RATE_BURST" in str(refused.value)
-
-
-def test_get_settings_reads_once(minimal: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    first = get_settings()
-    monkeypatch.setenv("LOG_LEVEL", "ERROR")
-    assert get_settings() is first
 
 
 @pytest.mark.parametrize(
@@ -236,22 +226,24 @@ def test_one_placeholder_rule_for_both_secrets() -> None:
 
 def test_every_http_group_is_served_by_default(minimal: None) -> None:
     settings = load_settings()
-    assert settings.route_groups == frozenset(HTTP_GROUPS) == {"chat", "sessions", "export"}
-    assert all(settings.serves(group) for group in HTTP_GROUPS)
-    assert not settings.serves("summaries")  # the worker is its own process
+    assert settings.route_groups == frozenset(ROUTE_GROUPS) == {"chat", "sessions", "export"}
+    assert all(settings.serves(group) for group in ROUTE_GROUPS)
+    assert settings.job is None  # the scheduled jobs are processes of their own
 
 
 def test_the_summary_worker_needs_no_token_settings_but_the_model_key(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("DATABASE_URL", "postgresql://localhost/memchat")
-    monkeypatch.setenv("ROUTE_GROUPS", "summaries")
+    monkeypatch.setenv("ROUTE_GROUPS", "chat")  # a job serves no routes, whatever it says
     with pytest.raises(ConfigError, match="OPENAI_API_KEY"):
-        load_settings()
+        load_settings(job="summaries")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    settings = load_settings()  # no SUPABASE_JWT_SECRET / SUPABASE_URL needed
-    assert settings.serves("summaries") and settings.openai_api_key == "sk-test"
-    assert secret_settings({"summaries"}) == ("database_url", "openai_api_key")
+    settings = load_settings(job="summaries")  # no SUPABASE_JWT_SECRET / SUPABASE_URL needed
+    assert settings.route_groups == frozenset() and settings.calls_model
+    assert settings.openai_api_key == "sk-test"
+    assert secret_settings({"chat"}, "summaries") == ("database_url", "openai_api_key")
+    assert secret_settings(set(), "cleanup") == ("database_url",)
 
 
 def test_route_groups_from_the_environment(minimal: None, monkeypatch: pytest.MonkeyPatch) -> None:

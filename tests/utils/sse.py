@@ -1,5 +1,9 @@
 """Server-Sent Events for tests: parse a body, read a live stream, serve an app.
 
+Bodies and streams are read with the project's one reader (memchat.sse_reader),
+held to what the server writes: no unknown line, one JSON data line per
+event, and a body that ends where an event ends.
+
 `serve` runs the app under a real uvicorn on 127.0.0.1 in the test's own
 event loop, so a streamed response reaches the client chunk by chunk (the
 in-process ASGI transport hands a body over only once it is complete).
@@ -17,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from memchat.sse_reader import Comment, Item, SSEReader, UnknownLine
 from tests.utils.processes import free_port
 
 
@@ -29,69 +34,47 @@ class Event:
 
 def parse(body: str) -> list[Event]:
     """Every event and comment of a complete SSE body, in order."""
-    events: list[Event] = []
-    for block in body.split("\n\n"):
-        event = _block(block)
-        if event is not None:
-            events.append(event)
-    assert body.endswith("\n\n") or not body, f"the body does not end an event: {body[-80:]!r}"
+    reader = SSEReader()
+    events = [_event(item) for item in reader.feed(body.encode())]
+    assert reader.between_events, f"the body does not end an event: {body[-80:]!r}"
     return events
 
 
-def _block(block: str) -> Event | None:
-    if not block.strip():
-        return None
-    lines = block.split("\n")
-    if all(line.startswith(":") for line in lines):
-        return Event("comment", "\n".join(line[1:].strip() for line in lines))
-    name, data = "message", []
-    for line in lines:
-        field, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if field == "event":
-            name = value
-        elif field == "data":
-            data.append(value)
-        else:
-            raise AssertionError(f"not an SSE field: {line!r}")
-    assert len(data) == 1, f"one data line per event expected: {block!r}"
-    return Event(name, json.loads(data[0]))
+def _event(item: Item) -> Event:
+    """What the server sends: comments, and events of one JSON data line each."""
+    assert not isinstance(item, UnknownLine), f"not an SSE field: {item.line!r}"
+    if isinstance(item, Comment):
+        return Event("comment", item.text.strip())
+    assert "\n" not in item.text, f"one data line per event expected: {item.text!r}"
+    return Event(item.name, json.loads(item.data))
 
 
 async def events_of(response: httpx.Response) -> AsyncIterator[Event]:
     """The events of a streamed response as they arrive, each timestamped."""
-    blocks = _Blocks()
-    async for text in response.aiter_text():
-        for event in blocks.feed(text):
-            yield event
-    blocks.end()
+    reader = SSEReader()
+    async for chunk in response.aiter_bytes():
+        for item in reader.feed(chunk):
+            yield _stamped(item)
+    _assert_ended(reader)
 
 
 def iter_events(response: httpx.Response) -> Iterator[Event]:
     """`events_of` for a synchronous client's streamed response."""
-    blocks = _Blocks()
-    for text in response.iter_text():
-        yield from blocks.feed(text)
-    blocks.end()
+    reader = SSEReader()
+    for chunk in response.iter_bytes():
+        for item in reader.feed(chunk):
+            yield _stamped(item)
+    _assert_ended(reader)
 
 
-class _Blocks:
-    """Splits text received in pieces into events, each stamped when whole."""
+def _stamped(item: Item) -> Event:
+    event = _event(item)
+    event.at = time.perf_counter()
+    return event
 
-    def __init__(self) -> None:
-        self.buffer = ""
 
-    def feed(self, text: str) -> Iterator[Event]:
-        self.buffer += text
-        while "\n\n" in self.buffer:
-            block, self.buffer = self.buffer.split("\n\n", 1)
-            event = _block(block)
-            if event is not None:
-                event.at = time.perf_counter()
-                yield event
-
-    def end(self) -> None:
-        assert not self.buffer.strip(), f"the stream ended inside an event: {self.buffer!r}"
+def _assert_ended(reader: SSEReader) -> None:
+    assert reader.between_events, "the stream ended inside an event"
 
 
 def names(events: list[Event]) -> list[str]:

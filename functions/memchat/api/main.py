@@ -18,7 +18,7 @@ from starlette.routing import Match
 from memchat import __version__, logs
 from memchat.api import deps, errors
 from memchat.api.state import AppState
-from memchat.config import Settings, get_settings
+from memchat.config import Settings
 from memchat.errors import MemchatError
 
 if TYPE_CHECKING:
@@ -233,8 +233,7 @@ def _client_request_id(request: Request) -> str | None:
     return supplied if CLIENT_REQUEST_ID.fullmatch(supplied) else None
 
 
-def create_app(settings: Settings | None = None, state: AppState | None = None) -> FastAPI:
-    settings = settings or get_settings()
+def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
     app = FastAPI(
         title="memchat",
         version=__version__,
@@ -283,10 +282,11 @@ def create_app(settings: Settings | None = None, state: AppState | None = None) 
 
         app.include_router(export.router)
     if settings.serves("sessions"):
-        from memchat.api.routes import account, feedback, memory, sessions
+        from memchat.api.routes import account, feedback, memory, sessions, stats
 
         app.include_router(sessions.router)
         app.include_router(feedback.router)
+        app.include_router(stats.router)
         app.include_router(memory.router)
         app.include_router(account.router)
     return app

@@ -219,7 +219,7 @@ def create_stream_app() -> StreamedRoutesOnly:
     guarded = StreamedRoutesOnly(app, settings.route_groups)
     if settings.serves("chat"):
         publish_metrics_per_turn(app)
-        # Every turn counts tokens: the tokenizer (~50 ms) is built at start-up,
+        # Every turn counts tokens: the tokenizer is built at start-up,
         # which the adapter waits for, rather than by the first streamed turn.
         from memchat.model.tokens import counter_for_model
 

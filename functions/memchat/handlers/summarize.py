@@ -5,7 +5,7 @@ sessions their turns queued, until none is left or its time is nearly up
 (usecases/summarize.py). It reads two secrets: its own DATABASE_URL (the
 pooler URL of the `memchat_worker` role, which can touch a session only
 through the lease of a queue item it claimed; docs/deploy.md, "Database roles")
-and the model key. ROUTE_GROUPS=summaries narrows its settings to those.
+and the model key; its settings are narrowed to those (job="summaries").
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
 
-settings = secrets.load_settings(route_groups="summaries")
+settings = secrets.load_settings(job="summaries")
 observability.configure(settings.log_level)
 summarizer = Summarizer.for_settings(settings)
 # Warm invocations reuse the loop, and with it the connection and the HTTP client.

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
 from memchat.errors import UpstreamError, UpstreamTimeout
+from memchat.sse_reader import Event, Item, SSEReader, UnknownLine
 
 if TYPE_CHECKING:
     import httpx2 as httpx  # the HTTP library of the openai SDK (>= 3)
@@ -380,12 +381,11 @@ async def _streamed_completion(
                 event = await anext(events, None)
             if event is None:
                 break
-            name, data = event
-            if data.strip() == b"[DONE]":
+            if event.data.strip() == b"[DONE]":
                 stream.done = True
                 await _drain(events)
                 break
-            text = stream.feed(name, data)
+            text = stream.feed(event.name, event.data)
             # Passed on at once: a slow consumer slows the reading, nothing piles up.
             if text and on_delta is not None:
                 await on_delta(text)
@@ -427,68 +427,27 @@ def _reading_errors() -> Iterator[None]:
         raise UpstreamError(CUT_OFF) from exc
 
 
-_LINE_END = re.compile(rb"\r\n|\r|\n")
-_SSE_FIELDS = (b"data", b"event", b"id", b"retry")
-_BOM = b"\xef\xbb\xbf"
+async def _sse_events(chunks: AsyncIterator[bytes]) -> AsyncGenerator[Event, None]:
+    """The Server-Sent Events of a byte stream (memchat.sse_reader), read strictly.
 
-
-async def _sse_events(
-    chunks: AsyncIterator[bytes],
-) -> AsyncGenerator[tuple[str, bytes], None]:
-    """The (event name, data) of each Server-Sent Event in a byte stream.
-
-    As the SSE specification reads them (lines end in CR, LF or CRLF; `:`
-    starts a comment; several `data:` lines join with LF; a blank line ends
-    an event), but strictly: a line that is no SSE field at all (HTML, bare
-    JSON) is unreadable rather than ignored. An event the stream ends in
-    without its blank line is still dispatched: a cut one fails as JSON.
+    A line that is no SSE field at all (HTML, bare JSON) is unreadable rather
+    than ignored. An event the stream ends in without its blank line is still
+    dispatched: a cut one fails as JSON.
     """
-    buffer = bytearray()
-    data: list[bytes] = []
-    name = ""
-    first = True
-
-    def line_of(raw: bytes) -> tuple[str, bytes] | None:
-        nonlocal name
-        if not raw:
-            event = (name, b"\n".join(data)) if data else None
-            data.clear()
-            name = ""
-            return event
-        if raw.startswith(b":"):
-            return None  # a comment (keep-alive)
-        field_name, colon, value = raw.partition(b":")
-        if not colon or field_name not in _SSE_FIELDS:
-            raise _Unreadable("the stream holds a line that is not a server-sent event")
-        value = value.removeprefix(b" ")
-        if field_name == b"data":
-            data.append(value)
-        elif field_name == b"event":
-            name = value.decode("utf-8", "replace")
-        return None
-
+    reader = SSEReader()
     async for chunk in chunks:
-        buffer += chunk
-        if first:
-            if len(buffer) < len(_BOM) and _BOM.startswith(buffer):
-                continue  # perhaps a byte order mark split between chunks
-            first = False
-            if buffer.startswith(_BOM):
-                del buffer[: len(_BOM)]
-        start = 0
-        for match in _LINE_END.finditer(buffer):
-            if match.group() == b"\r" and match.end() == len(buffer):
-                break  # perhaps the CR of a CRLF split between two chunks
-            event = line_of(bytes(buffer[start : match.start()]))
-            start = match.end()
-            if event is not None:
-                yield event
-        del buffer[:start]
-    # The stream's end ends its last line and its last event.
-    for raw in (bytes(buffer).removesuffix(b"\r"), b""):
-        event = line_of(raw)
-        if event is not None:
+        for event in _strict_events(reader.feed(chunk)):
             yield event
+    for event in _strict_events(reader.flush()):
+        yield event
+
+
+def _strict_events(items: list[Item]) -> Iterator[Event]:
+    for item in items:
+        if isinstance(item, UnknownLine):
+            raise _Unreadable("the stream holds a line that is not a server-sent event")
+        if isinstance(item, Event):
+            yield item
 
 
 @dataclass

@@ -8,9 +8,9 @@ approximately (see `APPROXIMATE`).
 Cold starts matter, so importing this module does no work. The Rust
 extension module is loaded directly from its file on first use, without
 importing the `bpe_openai` package: its `__init__` parses every vocabulary
-in Python (~450 ms) and its Python `encode` is far slower than the Rust one.
-Loading the extension takes ~1 ms, building o200k_base ~60 ms, once per
-process; a count of 2,000 tokens then takes ~0.25 ms. Should the extension
+in Python, and its Python `encode` is far slower than the Rust one; building
+a tokenizer is then done once per process (docs/benchmarks.md has the
+figures). Should the extension
 fail to load, every model is counted approximately and a warning is logged
 once.
 """
@@ -40,11 +40,10 @@ APPROXIMATE: Final = "approximate"
 """The name of the approximate counter: ceil(UTF-8 bytes / 4).
 
 Bytes rather than characters, because a character outside ASCII costs
-more: measured against o200k_base (tests/unit/test_tokens.py), it
-overcounts English prose by about 25% (prose runs ~5 bytes a token), is
-within a few percent on Japanese, and undercounts mixed-script text with
-emoji and punctuation by about 20%. Characters / 4 agrees on English but
-undercounts Japanese about threefold.
+more: against o200k_base (tests/unit/test_tokens.py) it overcounts English
+prose, is close on Japanese, and undercounts mixed-script text with emoji
+and punctuation; characters / 4 would undercount Japanese several times
+over.
 """
 
 _BINDINGS: Final = "bpe_openai._bindings"
@@ -143,8 +142,8 @@ def encoding_for_model(model: str) -> str | None:
 def counter_for_model(model: str) -> TokenCounter:
     """The counter for `model`: exact for OpenAI models, approximate otherwise.
 
-    The first call for an encoding builds its tokenizer (~60 ms for
-    o200k_base); later calls return the same counter.
+    The first call for an encoding builds its tokenizer (the slow part);
+    later calls return the same counter.
     """
     encoding = encoding_for_model(model)
     if encoding is None:

@@ -24,6 +24,8 @@ from memchat.store.account import delete_user_data
 from memchat.store.cleanup import (
     count_expired,
     expire_sessions_batch,
+    next_xid,
+    probe,
     purge_expired_claims,
     purge_idle_rate_buckets,
 )
@@ -94,7 +96,9 @@ __all__ = [
     "expire_sessions_batch",
     "list_sessions",
     "load_context",
+    "next_xid",
     "notes_versions",
+    "probe",
     "purge_expired_claims",
     "purge_idle_rate_buckets",
     "read_notes",

@@ -18,7 +18,8 @@ The day-by-day views are read for the last `days` days (UTC, today
 included), and those that have an `agent_name` for one agent when asked.
 `daily_active_users` and `daily_usage` have no agent column, and
 `session_lengths` has neither a day nor an agent column: the report says
-which sections are not filtered.
+which sections are not filtered. `memchat stats` shows it (memchat.cli.stats:
+tables, or JSON).
 """
 
 from __future__ import annotations
@@ -215,71 +216,3 @@ def read(conn: psycopg.Connection[Any], *, days: int, agent: str | None) -> Repo
         raise ValueError(f"days must be from 1 to {MAX_DAYS}")
     read_ = read_views(conn, SECTIONS, days=days, agent=agent)
     return Report(days, agent, read_.since, read_.until, read_.login, read_.read_as, read_.rows)
-
-
-# ---------------------------------------------------------------- render
-
-
-def render(report: Report) -> str:
-    """The report as aligned plain-text tables."""
-    window = _window(report.days)
-    agent = f" for agent {report.agent}" if report.agent else ""
-    lines = [
-        f"memchat stats: {window} ({report.since} to {report.until}, UTC),"
-        f" {'agent ' + report.agent if report.agent else 'all agents'}, read as {report.read_as}"
-    ]
-    for section in SECTIONS:
-        lines += ["", section.title + _scope(section, report)]
-        rows = report.rows[section.view]
-        if not rows:
-            lines.append(section.empty.format(window=window, agent=agent))
-            continue
-        lines += table(section.columns, rows)
-        if section.view == "daily_usage":
-            totals = report.totals
-            lines.append(
-                f"total: {totals['turns']} turns, {totals['prompt_tokens']} prompt and"
-                f" {totals['completion_tokens']} completion tokens"
-            )
-    return "\n".join(lines)
-
-
-def table(columns: tuple[Column, ...], rows: list[dict[str, Any]]) -> list[str]:
-    """Header, a rule and the rows; numbers right-aligned, text left-aligned."""
-    cells = [[_cell(c, row.get(c.name)) for c in columns] for row in rows]
-    widths = [max([len(c.header)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-
-    def line(values: list[str]) -> str:
-        parts = [
-            v.ljust(w) if c.kind in ("day", "text") else v.rjust(w)
-            for c, v, w in zip(columns, values, widths, strict=True)
-        ]
-        return "  ".join(parts).rstrip()
-
-    return [
-        line([c.header for c in columns]),
-        line(["-" * w for w in widths]),
-        *(line(r) for r in cells),
-    ]
-
-
-def _cell(column: Column, value: Any) -> str:
-    if value is None:
-        return "-"
-    if column.kind == "rate":
-        return f"{float(value) * 100:.1f}%"
-    if column.kind == "float":
-        return f"{float(value):.1f}"
-    return str(value)
-
-
-def _window(days: int) -> str:
-    return "the last day" if days == 1 else f"the last {days} days"
-
-
-def _scope(section: Section, report: Report) -> str:
-    if not section.by_day:
-        return " (every stored session, all agents, not filtered by days)"
-    if report.agent and not section.by_agent:
-        return " (all agents)"
-    return ""

@@ -2,49 +2,52 @@
 its memory tool, then store the whole turn in one transaction.
 
 Nothing is written before the model has answered, so a model failure or
-timeout leaves the database as it was.
+timeout leaves the database as it was. The steps, in order: `accept` (the
+request's own rules), load (one round trip: session, notes, window, summary,
+throttle, idempotency), `_remember` (recall and the token budget: a
+TurnMemory), converse (usecases/conversation.py), `_turn_to_store` (a
+store.Turn), record (the second round trip).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from memchat import messages, store
 from memchat.errors import (
+    BadRequest,
     DuplicateClientMessage,
     IdempotencyInFlight,
     NotesConflict,
     PayloadTooLarge,
     UpstreamTimeout,
 )
-from memchat.model import tools
 from memchat.throttle import Bucket, Rate
-from memchat.usecases import prompt
+from memchat.usecases import conversation, prompt
 from memchat.usecases.recall import NOT_RECALLED, PendingRecall, Recall, Recalled
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from memchat.config import Settings
-    from memchat.model.client import Completion, ModelClient, ToolCall
+    from memchat.model import tools
+    from memchat.model.client import ModelClient
     from memchat.store.db import Database
+    from memchat.usecases.conversation import Outcome
     from memchat.usecases.streaming import TurnListener
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SYSTEM_PROMPT = messages.SYSTEM_PROMPT
-NOTES_PREAMBLE = messages.NOTES_PREAMBLE
-NO_ROUNDS_LEFT = (
-    "I ran out of steps while updating my notes and could not finish my answer; please ask again."
-)
+NO_ROUNDS_LEFT = conversation.NO_ROUNDS_LEFT
 _MAX_NOTE_RETRIES = 3
 _TITLE_CHARS = 80
 # A turn's claim on its client_message_id outlives its deadline by this much,
@@ -68,6 +71,16 @@ class ChatRequest:
     recall_k: int | None = None  # None: MEMORY_RECALL_K
 
 
+def one_session_id(named: Iterable[tuple[str, uuid.UUID | None]]) -> uuid.UUID | None:
+    """The session a request names, from every place it may name one (each
+    `(where, id)`): they must agree (400 naming the places), None when none does."""
+    given = [(where, sid) for where, sid in named if sid is not None]
+    if len({sid for _, sid in given}) > 1:
+        places = " and ".join(where for where, _ in given)
+        raise BadRequest(f"{places} name different sessions.")
+    return given[0][1] if given else None
+
+
 @dataclass
 class ChatResult:
     answer: str
@@ -82,6 +95,41 @@ class ChatResult:
     # The stored answer's and user message's ids (None when nothing is stored).
     message_id: int | None = None
     user_message_id: int | None = None
+
+
+@dataclass(frozen=True)
+class TurnMemory:
+    """What a turn loaded and recalled, fitted into its prompt's budget."""
+
+    session_id: uuid.UUID  # the turn's session (new ones get their id here)
+    agent_name: str
+    notes: store.Notes  # as loaded (their version is the one the turn edits)
+    recalled: Recalled  # what recall found; `fitted.hits` are those used
+    fitted: prompt.MemoryPrompt
+    summary_covers_until: int | None  # the summary used, if one was
+    retrieval_ms: float
+
+    def prompt(self, system_prompt: str, message: str) -> list[dict[str, Any]]:
+        """The model's prompt: the system prompt, memory, the new message."""
+        return [
+            {"role": "system", "content": system_prompt},
+            *self.fitted.messages(),
+            {"role": "user", "content": message},
+        ]
+
+    def metadata(self, *, notes_updated: bool = False) -> dict[str, Any]:
+        """The response's `memory`."""
+        return _memory(
+            enabled=True,
+            retrieval_ms=self.retrieval_ms,
+            messages_in_context=len(self.fitted.window),
+            notes_used=bool(self.fitted.notes),
+            notes_updated=notes_updated,
+            truncated=self.fitted.truncated,
+            context_tokens=self.fitted.tokens,
+            recalled=dataclasses.replace(self.recalled, hits=self.fitted.hits),
+            summary_covers_until=self.summary_covers_until,
+        )
 
 
 @dataclass
@@ -99,6 +147,18 @@ class ChatService:
     def __post_init__(self) -> None:
         self.recall = Recall(self.db, self.model, self.settings)
 
+    def accept(self, request: ChatRequest) -> ChatRequest:
+        """The request, if its message may be sent: 413 over MAX_MESSAGE_CHARS,
+        400 when it has no text."""
+        limit = self.settings.max_message_chars
+        if len(request.message) > limit:
+            raise PayloadTooLarge(
+                f"message is {len(request.message)} characters; the limit is {limit}."
+            )
+        if not request.message.strip():
+            raise BadRequest("message must contain some text.")
+        return request
+
     async def run(
         self,
         caller: store.Caller,
@@ -107,7 +167,7 @@ class ChatService:
     ) -> ChatResult:
         """One turn. A `listener` hears it as it happens (streaming): its
         memory once loaded, the answer's pieces, the notes' changes."""
-        result = await self._run(caller, request, listener)
+        result = await self._run(caller, self.accept(request), listener)
         if self.on_turn is not None:
             try:
                 self.on_turn(result)
@@ -213,103 +273,113 @@ class ChatService:
                 f"message is {len(request.message)} characters;"
                 f" the limit is {limits.max_message_chars}."
             )
-        session_id = context.session.id if context.session else request.session_id or uuid.uuid4()
-        agent_name = context.session.agent_name if context.session else request.agent_name
-        notes = context.notes or store.Notes(agent_name, "", 0, None)
-        recalled = await self._with_deadline(
-            deadline,
-            pending.finish(
-                caller,
-                session_id=context.session.id if context.session else request.session_id,
-                agent_name=agent_name,
-                window=self._window(request),
-            ),
-        )
-        summary = context.summary
-        memory = self._fit(notes.notes, recalled.hits, context.messages, summary)
-        summary_covers_until = summary.covers_until if summary and memory.summary else None
-        used = functools.partial(
-            _memory,
-            enabled=True,
-            retrieval_ms=retrieval_ms,
-            messages_in_context=len(memory.window),
-            notes_used=bool(memory.notes),
-            truncated=memory.truncated,
-            context_tokens=memory.tokens,
-            recalled=dataclasses.replace(recalled, hits=memory.hits),  # those used
-            summary_covers_until=summary_covers_until,
-        )
+        memory = await self._remember(caller, request, context, pending, deadline, retrieval_ms)
         if listener is not None:
-            await listener.started(session_id, agent_name, used())
-        prompt = [
-            {"role": "system", "content": self.system_prompt},
-            *memory.messages(),
-            {"role": "user", "content": request.message},
-        ]
-
-        model_started = time.perf_counter()
+            await listener.started(memory.session_id, memory.agent_name, memory.metadata())
         notes_limit = min(self.settings.ltm_max_chars, limits.max_notes_chars)
+        model_started = time.perf_counter()
         outcome = await self._with_deadline(
-            deadline, self._converse(prompt, notes, notes_limit, listener)
+            deadline,
+            conversation.converse(
+                self.model,
+                memory.prompt(self.system_prompt, request.message),
+                notes=memory.notes.notes,
+                notes_limit=notes_limit,
+                max_rounds=self.settings.max_tool_rounds,
+                listener=listener,
+            ),
         )
         model_ms = (time.perf_counter() - model_started) * 1000
         messages.annotate_answer(
             outcome.messages[-1],
             latency_ms=model_ms,
-            recalled=len(memory.hits),
-            summary_used=summary_covers_until is not None,
+            recalled=len(memory.fitted.hits),
+            summary_used=memory.summary_covers_until is not None,
         )
-
-        turn = store.Turn(
-            session_id=session_id,
-            agent_name=agent_name,
-            messages=[messages.human(request.message), *outcome.messages],
-            title=_title(request.message),
-            ttl=self._ttl(limits),
-            client_message_id=request.client_message_id,
-            notes=outcome.notes if outcome.edits else None,
-            notes_version=notes.version,
-            new_session=context.session is None and request.session_id is None,
-            embedding=await pending.embedding_to_store(caller, recalled),
-            summary_due_after=self._window(request) + self.settings.summary_trigger_messages,
-        )
+        turn = self._turn_to_store(request, context, memory, outcome, limits)
+        turn.embedding = await pending.embedding_to_store(caller, memory.recalled)
         record_started = time.perf_counter()
         try:
             session = await self._record(caller, turn, outcome.edits, notes_limit)
         except DuplicateClientMessage:
             # A concurrent retry with the same client_message_id was stored first.
-            return await self._stored_answer(caller, request, session_id, retrieval_ms)
-        record_ms = (time.perf_counter() - record_started) * 1000
+            return await self._stored_answer(caller, request, memory.session_id, retrieval_ms)
         timings = {
             "retrieval_ms": retrieval_ms,
-            "recall_ms": recalled.ms,
+            "recall_ms": memory.recalled.ms,
             "model_ms": model_ms,
-            "record_ms": record_ms,
+            "record_ms": (time.perf_counter() - record_started) * 1000,
         }
-        logger.info(
-            "chat turn stored",
-            extra={
-                "session_id": str(session.id),
-                "agent_name": agent_name,
-                "messages_stored": len(turn.messages),
-                "tool_rounds": outcome.rounds,
-                "recall_status": recalled.status,
-                "recalled": len(recalled.hits),
-                "context_tokens": memory.tokens,
-                **{key: round(value, 2) for key, value in timings.items()},
-            },
-        )
+        _log_stored(session, memory, turn, outcome, timings)
         return ChatResult(
             answer=outcome.answer,
             session_id=session.id,
-            agent_name=agent_name,
+            agent_name=memory.agent_name,
             model=outcome.model,
             usage=outcome.usage,
-            memory=used(notes_updated=bool(outcome.edits)),
+            memory=memory.metadata(notes_updated=bool(outcome.edits)),
             session=session,
             timings=timings,
             user_message_id=session.message_ids[0],
             message_id=session.message_ids[-1],
+        )
+
+    async def _remember(
+        self,
+        caller: store.Caller,
+        request: ChatRequest,
+        context: store.Context,
+        pending: PendingRecall,
+        deadline: float,
+        retrieval_ms: float,
+    ) -> TurnMemory:
+        """Finish recall and fit notes, recalled exchanges, summary and window
+        into MEMORY_MAX_CONTEXT_TOKENS."""
+        session = context.session
+        agent_name = session.agent_name if session else request.agent_name
+        notes = context.notes or store.Notes(agent_name, "", 0, None)
+        recalled = await self._with_deadline(
+            deadline,
+            pending.finish(
+                caller,
+                session_id=session.id if session else request.session_id,
+                agent_name=agent_name,
+                window=self._window(request),
+            ),
+        )
+        summary = context.summary
+        fitted = self._fit(notes.notes, recalled.hits, context.messages, summary)
+        return TurnMemory(
+            session_id=session.id if session else request.session_id or uuid.uuid4(),
+            agent_name=agent_name,
+            notes=notes,
+            recalled=recalled,
+            fitted=fitted,
+            summary_covers_until=summary.covers_until if summary and fitted.summary else None,
+            retrieval_ms=retrieval_ms,
+        )
+
+    def _turn_to_store(
+        self,
+        request: ChatRequest,
+        context: store.Context,
+        memory: TurnMemory,
+        outcome: Outcome,
+        limits: store.Limits,
+    ) -> store.Turn:
+        """What the turn stores: the user message, the model's messages, the
+        notes if they were edited; the embedding is added once it is ready."""
+        return store.Turn(
+            session_id=memory.session_id,
+            agent_name=memory.agent_name,
+            messages=[messages.human(request.message), *outcome.messages],
+            title=_title(request.message),
+            ttl=self._ttl(limits),
+            client_message_id=request.client_message_id,
+            notes=outcome.notes if outcome.edits else None,
+            notes_version=memory.notes.version,
+            new_session=context.session is None and request.session_id is None,
+            summary_due_after=self._window(request) + self.settings.summary_trigger_messages,
         )
 
     def _ttl(self, limits: store.Limits) -> timedelta:
@@ -371,8 +441,8 @@ class ChatService:
         deadline: float,
         listener: TurnListener | None,
     ) -> ChatResult:
-        # Nothing is read into the prompt, but a deleted account is refused (401),
-        # another user's session id is still a 404, and the throttle applies.
+        # Nothing is read into the prompt, but a deleted account is refused
+        # (401) and the throttle applies.
         await store.load_context(
             self.db,
             caller,
@@ -382,7 +452,7 @@ class ChatService:
             read_notes=False,
             throttle=self._throttle,
         )
-        prompt = [
+        prompt_ = [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": request.message},
         ]
@@ -390,7 +460,9 @@ class ChatService:
         if listener is not None:
             await listener.started(session_id, request.agent_name, _memory(enabled=False))
         started = time.perf_counter()
-        completion = await self._with_deadline(deadline, self._complete(prompt, listener=listener))
+        completion = await self._with_deadline(
+            deadline, conversation.complete(self.model, prompt_, listener=listener)
+        )
         return ChatResult(
             answer=completion.content,
             session_id=session_id,
@@ -424,90 +496,6 @@ class ChatService:
             max_window_chars=self.settings.memory_max_context_chars,
         )
 
-    async def _complete(
-        self,
-        prompt: list[dict[str, Any]],
-        tool_schemas: list[dict[str, Any]] | None = None,
-        *,
-        allow_tools: bool = True,
-        listener: TurnListener | None,
-    ) -> Completion:
-        """One model call; streamed to the listener when there is one."""
-        if listener is None:
-            return await self.model.complete(prompt, tool_schemas, allow_tools=allow_tools)
-        return await self.model.complete_streaming(
-            prompt, tool_schemas, allow_tools=allow_tools, on_delta=listener.delta
-        )
-
-    async def _converse(
-        self,
-        prompt: list[dict[str, Any]],
-        notes: store.Notes,
-        notes_limit: int,
-        listener: TurnListener | None = None,
-    ) -> _Outcome:
-        outcome = _Outcome(notes=notes.notes, model=self.model.model, notes_limit=notes_limit)
-        rounds = self.settings.max_tool_rounds
-        for round_number in range(rounds + 1):
-            completion = await self._complete(
-                prompt, [tools.TOOL_SCHEMA], allow_tools=round_number < rounds, listener=listener
-            )
-            outcome.model = completion.model
-            for key, value in completion.usage.items():
-                outcome.usage[key] = outcome.usage.get(key, 0) + value
-            if not completion.tool_calls or round_number == rounds:
-                # Tool calls made after the last round are not run; the turn still
-                # ends with an answer.
-                outcome.answer = completion.content or (
-                    NO_ROUNDS_LEFT if completion.tool_calls else ""
-                )
-                outcome.messages.append(
-                    messages.ai(outcome.answer, model=completion.model, usage=outcome.usage)
-                )
-                outcome.rounds = round_number
-                return outcome
-            calls = [
-                {"id": c.id, "name": c.name, "args": _safe_args(c)} for c in completion.tool_calls
-            ]
-            outcome.messages.append(
-                messages.ai(completion.content, tool_calls=calls, model=completion.model)
-            )
-            prompt.append(
-                {
-                    "role": "assistant",
-                    "content": completion.content or None,
-                    "tool_calls": [
-                        {
-                            "id": c.id,
-                            "type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments},
-                        }
-                        for c in completion.tool_calls
-                    ],
-                }
-            )
-            for call in completion.tool_calls:
-                edits = len(outcome.edits)
-                result = self._run_tool(call, outcome)
-                if listener is not None and len(outcome.edits) > edits:
-                    await listener.notes(outcome.edits[-1].operation)
-                outcome.messages.append(messages.tool(result, tool_call_id=call.id, name=call.name))
-                prompt.append({"role": "tool", "tool_call_id": call.id, "content": result})
-        raise AssertionError("unreachable")
-
-    def _run_tool(self, call: ToolCall, outcome: _Outcome) -> str:
-        if call.name != tools.TOOL_NAME:
-            return f"error: unknown tool {call.name!r}"
-        try:
-            arguments = call.parsed()
-        except ValueError:
-            return "error: arguments must be a JSON object"
-        result, edit = tools.run(arguments, outcome.notes, outcome.notes_limit)
-        if edit is not None:
-            outcome.notes = edit.apply(outcome.notes)
-            outcome.edits.append(edit)
-        return result
-
     async def _record(
         self,
         caller: store.Caller,
@@ -534,24 +522,27 @@ class ChatService:
         raise AssertionError("unreachable")
 
 
-@dataclass
-class _Outcome:
-    notes: str
-    model: str
-    notes_limit: int
-    answer: str = ""
-    rounds: int = 0
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    edits: list[tools.NoteEdit] = field(default_factory=list)
-    usage: dict[str, int] = field(default_factory=dict)
-
-
-def _safe_args(call: ToolCall) -> dict[str, Any]:
-    """The call's arguments as stored; kept raw when they are not a JSON object."""
-    try:
-        return call.parsed()
-    except ValueError:
-        return {"_raw": call.arguments}
+def _log_stored(
+    session: store.SessionInfo,
+    memory: TurnMemory,
+    turn: store.Turn,
+    outcome: Outcome,
+    timings: dict[str, float],
+) -> None:
+    """The turn's log line: ids, counts and timings, never text."""
+    logger.info(
+        "chat turn stored",
+        extra={
+            "session_id": str(session.id),
+            "agent_name": memory.agent_name,
+            "messages_stored": len(turn.messages),
+            "tool_rounds": outcome.rounds,
+            "recall_status": memory.recalled.status,
+            "recalled": len(memory.recalled.hits),
+            "context_tokens": memory.fitted.tokens,
+            **{key: round(value, 2) for key, value in timings.items()},
+        },
+    )
 
 
 def _memory(

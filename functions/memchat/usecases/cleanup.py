@@ -1,17 +1,18 @@
 """Scheduled cleanup: delete expired sessions with their messages.
 
 Sessions expire `SESSION_TTL_HOURS` after their last turn (every turn slides
-`expires_at`). `run_cleanup` deletes the expired ones in batches of
+`expires_at`). `Cleanup.run` deletes the expired ones in batches of
 `batch_size`, each batch its own short transaction (`store.expire_sessions_batch`:
 FOR UPDATE SKIP LOCKED, so a session a turn is extending right now is neither
 waited for nor deleted). Active-session pointers to deleted sessions go with
 them (FK cascade); long-term notes stay.
 
 It stops when a batch comes back short (nothing left: `finished=True`) or
-before starting a batch it may not have time to finish: when the time left
-(`max_seconds` from the start, or the Lambda context's remaining time less
-`LAMBDA_RESERVE_SECONDS` to return in) is below three times the slowest batch
-so far. The next run resumes where this one stopped; two runs at once share the work.
+before starting a batch it may not have time to finish (`TimeBudget`): when
+the time left (`max_seconds` from the start, or the Lambda context's
+remaining time less `LAMBDA_RESERVE_SECONDS` to return in) is below three
+times the slowest batch so far. The next run resumes where this one stopped;
+two runs at once share the work.
 
 Between batches it pauses a multiple of the last batch's duration, and the
 multiple (the pause factor) adapts (`Pacer`). Deleting a million messages
@@ -47,28 +48,37 @@ stops instead and the next one resumes. Measured against one client's chat
 turns in docs/benchmarks.md, "Scheduled cleanup".
 
 The Lambda handler and `memchat cleanup [--dry-run] [--max-seconds N]` both
-call `run_cleanup`, configured by `settings_from_env`.
+build theirs with `Cleanup.for_settings` (DATABASE_URL, CLEANUP_BATCH_SIZE,
+CLEANUP_PAUSE_FACTOR: the one settings object, memchat.config).
+
+Example:
+    cleanup = Cleanup.for_settings(settings)
+    result = cleanup.run(TimeBudget(max_seconds=60))  # or cleanup.dry_run()
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
+import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.conninfo import make_conninfo
 
 from memchat import store
-from memchat.config import ConfigError
-from memchat.store.db import connect_kwargs
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools.utilities.typing import LambdaContext
+
+    from memchat.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -107,21 +117,6 @@ SPEEDUP = 0.8  # and its shrinking
 # The pause factor's bounds, in multiples of the configured `pause_factor`.
 MIN_PAUSE_SCALE = 0.25
 MAX_PAUSE_SCALE = 4.0
-
-
-def settings_from_env(environ: Mapping[str, str] | None = None) -> tuple[int, float]:
-    """(CLEANUP_BATCH_SIZE, CLEANUP_PAUSE_FACTOR), validated; ConfigError names the bad one."""
-    env = os.environ if environ is None else environ
-    raw_batch = env.get("CLEANUP_BATCH_SIZE", "1000").strip()
-    if not raw_batch.isdigit() or not 1 <= int(raw_batch) <= 100_000:
-        raise ConfigError("invalid configuration: CLEANUP_BATCH_SIZE must be 1..100000")
-    try:
-        pause = float(env.get("CLEANUP_PAUSE_FACTOR", "1").strip())
-    except ValueError:
-        pause = -1.0
-    if not 0 <= pause <= 100:
-        raise ConfigError("invalid configuration: CLEANUP_PAUSE_FACTOR must be 0..100")
-    return int(raw_batch), pause
 
 
 @dataclass
@@ -223,8 +218,8 @@ class LatencyProbe:
 
     def __enter__(self) -> LatencyProbe:
         try:
-            self._conn = psycopg.connect(
-                self._conninfo, application_name=PROBE_APPLICATION_NAME, **connect_kwargs()
+            self._conn = store.connect(
+                make_conninfo(self._conninfo, application_name=PROBE_APPLICATION_NAME)
             )
         except psycopg.Error as exc:
             logger.warning("cleanup latency probe unavailable (%s): pacing by batches", exc)
@@ -257,12 +252,49 @@ class LatencyProbe:
         try:
             while not self._stop.wait(self._interval):
                 began = time.perf_counter()
-                self._conn.execute("select 1")
+                store.probe(self._conn)
                 took = (time.perf_counter() - began) * 1000
                 with self._lock:
                     self._samples.append(took)
         except psycopg.Error as exc:
             logger.warning("cleanup latency probe stopped (%s): pacing by batches", exc)
+
+
+@dataclass(frozen=True)
+class TimeBudget:
+    """The time a run has: `max_seconds` from its start (`memchat cleanup
+    --max-seconds`), and what a Lambda invocation has left (`remaining_ms`,
+    its context's `get_remaining_time_in_millis`) less `reserve_seconds` to
+    return in. Neither: no limit, the run goes on until nothing is left."""
+
+    max_seconds: float | None = None
+    remaining_ms: Callable[[], int] | None = None
+    reserve_seconds: float = LAMBDA_RESERVE_SECONDS
+
+    @classmethod
+    def of_lambda(cls, context: LambdaContext) -> TimeBudget:
+        return cls(remaining_ms=context.get_remaining_time_in_millis)
+
+    def seconds_left(self, elapsed: Callable[[], float]) -> float:
+        """The time left once the run has taken `elapsed()` seconds (asked only
+        when `max_seconds` counts: a test's clock sees each read)."""
+        left = math.inf
+        if self.max_seconds is not None:
+            left = self.max_seconds - elapsed()
+        if self.remaining_ms is not None:
+            left = min(left, self.remaining_ms() / 1000 - self.reserve_seconds)
+        return left
+
+    def room_for_batch(
+        self, slowest: float, elapsed: Callable[[], float], *, after_pause: float = 0.0
+    ) -> bool:
+        """Whether another batch may start, after a pause of `after_pause` s:
+        whether the time left then is more than SLOWEST_BATCH_FACTOR times the
+        slowest batch so far (`slowest`), so that it can finish in time."""
+        return self.seconds_left(elapsed) - after_pause > SLOWEST_BATCH_FACTOR * slowest
+
+
+NO_LIMIT = TimeBudget()
 
 
 @dataclass
@@ -288,118 +320,180 @@ class CleanupResult:
         return out
 
 
-def run_cleanup(
-    conninfo: str,
-    *,
-    batch_size: int,
-    max_seconds: float | None = None,
-    dry_run: bool = False,
-    remaining_ms: Callable[[], int] | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    pause_factor: float = 1.0,
-    sleep: Callable[[float], None] = time.sleep,
-    adaptive: bool = True,
-    probe: bool = True,
-) -> CleanupResult:
-    """Delete expired sessions (and their messages) until done or out of time.
+@dataclass(frozen=True)
+class Batch:
+    """What one batch deleted, when it began and how long it took (the run's clock)."""
 
-    `remaining_ms` is the Lambda context's `get_remaining_time_in_millis`;
-    `max_seconds` caps the run from the CLI. With neither, it runs until done.
-    `dry_run` only counts what would be deleted. `pause_factor` throttles
-    (see the module docstring); 0 deletes flat out. `adaptive=False` keeps
-    the pause at exactly `pause_factor` batch durations (the behaviour before
-    the adaptive pause, kept for comparison). `probe=False` paces without
-    the latency probe's connection and thread (by the batches' speed and
-    others' writes: any writes back off). Batches are timed with `clock`,
-    pauses taken with `sleep`: tests inject both (the probe times real round
-    trips with its own clock).
+    sessions: int
+    messages: int
+    began: float
+    seconds: float
+
+    @property
+    def rows(self) -> int:
+        return self.sessions + self.messages
+
+
+@dataclass(frozen=True)
+class Cleanup:
+    """Deletes expired sessions (and their messages) until none is left or
+    its time is up; see the module docstring.
+
+    `pause_factor` throttles; 0 deletes flat out. `adaptive=False` keeps the
+    pause at exactly `pause_factor` batch durations (the pause before it
+    adapted, kept for comparison). `probe=False` paces without the latency
+    probe's connection and thread (by the batches' speed and others' writes:
+    any writes back off). Batches are timed with `clock`, pauses taken with
+    `sleep`: tests inject both (the probe times real round trips with its own
+    clock).
     """
-    if batch_size < 1:
-        raise ValueError("batch_size must be >= 1")
-    pacer = Pacer(pause_factor, adaptive=adaptive)
-    start = clock()
 
-    def seconds_left() -> float:
-        left = float("inf")
-        if max_seconds is not None:
-            left = max_seconds - (clock() - start)
-        if remaining_ms is not None:
-            left = min(left, remaining_ms() / 1000 - LAMBDA_RESERVE_SECONDS)
-        return left
+    conninfo: str
+    batch_size: int
+    pause_factor: float
+    adaptive: bool = True
+    probe: bool = True
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
 
-    sessions = messages = batches = 0
-    finished = False
-    pacing = adaptive and pause_factor > 0 and not dry_run
-    with (
-        psycopg.connect(conninfo, application_name=APPLICATION_NAME, **connect_kwargs()) as conn,
-        _probe(conninfo, pacing and probe) as latency,
-    ):
-        if dry_run:
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        if self.pause_factor < 0:
+            raise ValueError("pause factor must be >= 0")
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> Cleanup:
+        """As configured: DATABASE_URL, CLEANUP_BATCH_SIZE, CLEANUP_PAUSE_FACTOR."""
+        return cls(
+            settings.database_url,
+            batch_size=settings.cleanup_batch_size,
+            pause_factor=settings.cleanup_pause_factor,
+        )
+
+    def run(self, budget: TimeBudget = NO_LIMIT) -> CleanupResult:
+        """Delete expired sessions until none is left, a batch rolls back, or
+        `budget` has no room for another batch; logged as one line."""
+        started = self.clock()
+        with self._connect() as conn, _latency_probe(self.conninfo, self._probing) as latency:
+            self.purge(conn)
+            pacing = _Pacing(
+                Pacer(self.pause_factor, adaptive=self.adaptive), latency, conn, self._pacing
+            )
+            tally = self._batches(conn, pacing, budget, started)
+        return self._result(tally, started)
+
+    def dry_run(self) -> CleanupResult:
+        """What a run would delete now, counted (as `deleted_*`); nothing is deleted."""
+        started = self.clock()
+        with self._connect() as conn:
             sessions, messages = store.count_expired(conn)
-            finished = True
-        else:
-            store.purge_expired_claims(conn)
-            store.purge_idle_rate_buckets(conn)
-            next_xid = _next_xid(conn) if pacing else 0
-            slowest = 0.0
-            left = seconds_left()
-            while left > SLOWEST_BATCH_FACTOR * slowest:
-                before = latency.take()  # answered during the pause (or the start)
-                began = clock()
-                try:
-                    got_sessions, got_messages = store.expire_sessions_batch(conn, batch_size)
-                except (pg_errors.TransactionRollback, pg_errors.LockNotAvailable) as exc:
-                    # A deadlock with an account deletion, say: the batch rolled
-                    # back; the next run retries it.
-                    logger.warning("cleanup batch rolled back (%s): stopping", exc.sqlstate)
-                    break
-                took = clock() - began
-                slowest = max(slowest, took)
-                batches += 1
-                sessions += got_sessions
-                messages += got_messages
-                if got_sessions < batch_size:
-                    finished = True
-                    break
-                during = latency.take()
-                previous_xid, next_xid = next_xid, _next_xid(conn) if pacing else 0
-                writes = max(0, next_xid - previous_xid - 1)  # less the batch's own
-                pause = pacer.after_batch(
-                    took,
-                    got_sessions + got_messages,
-                    at=began + took,
-                    writes=writes,
-                    probes_during=during,
-                    probes_before=before,
-                )
-                logger.debug(
-                    "cleanup batch %d: %d rows in %.3f s, slowdown %.2f, harm %s,"
-                    " %d other writes, %s: pause %.3f s",
-                    batches,
-                    got_sessions + got_messages,
-                    took,
-                    pacer.slowdown,
-                    "-" if pacer.harm is None else f"{pacer.harm:.2f}",
-                    writes,
-                    "-" if not pacing else "in use" if pacer.active else "idle",
-                    pause,
-                )
-                left = seconds_left()
-                if pause > 0:
-                    if left - pause <= SLOWEST_BATCH_FACTOR * slowest:
-                        break  # no time for another batch after it: the next run goes on
-                    sleep(pause)
-                    left = seconds_left()
-    result = CleanupResult(
-        deleted_sessions=sessions,
-        deleted_messages=messages,
-        batches=batches,
-        duration_ms=(clock() - start) * 1000,
-        finished=finished,
-        dry_run=dry_run,
-    )
-    logger.info("cleanup %s", json.dumps(result.as_dict()), extra={"cleanup": result.as_dict()})
-    return result
+        return self._result(_Tally(sessions, messages, finished=True), started, dry_run=True)
+
+    def purge(self, conn: psycopg.Connection[Any]) -> None:
+        """Delete what crashed turns and idle throttles leave behind (expired
+        turn claims, rate buckets untouched for a day)."""
+        store.purge_expired_claims(conn)
+        store.purge_idle_rate_buckets(conn)
+
+    def batch(self, conn: psycopg.Connection[Any]) -> Batch | None:
+        """One batch, its own transaction; None if it rolled back (a deadlock
+        with an account deletion, say): the next run retries it."""
+        began = self.clock()
+        try:
+            sessions, messages = store.expire_sessions_batch(conn, self.batch_size)
+        except (pg_errors.TransactionRollback, pg_errors.LockNotAvailable) as exc:
+            logger.warning("cleanup batch rolled back (%s): stopping", exc.sqlstate)
+            return None
+        return Batch(sessions, messages, began, self.clock() - began)
+
+    def _pause_after(self, batch: Batch, number: int, pacing: _Pacing) -> float:
+        """The adaptive pause (s) after a full batch, the `number`th (`Pacer`)."""
+        during = pacing.latency.take()
+        writes = pacing.others_writes()
+        pacer = pacing.pacer
+        pause = pacer.after_batch(
+            batch.seconds,
+            batch.rows,
+            at=batch.began + batch.seconds,
+            writes=writes,
+            probes_during=during,
+            probes_before=pacing.before,
+        )
+        logger.debug(
+            "cleanup batch %d: %d rows in %.3f s, slowdown %.2f, harm %s,"
+            " %d other writes, %s: pause %.3f s",
+            number,
+            batch.rows,
+            batch.seconds,
+            pacer.slowdown,
+            "-" if pacer.harm is None else f"{pacer.harm:.2f}",
+            writes,
+            "-" if not pacing.counts_writes else "in use" if pacer.active else "idle",
+            pause,
+        )
+        return pause
+
+    @property
+    def _pacing(self) -> bool:
+        return self.adaptive and self.pause_factor > 0
+
+    @property
+    def _probing(self) -> bool:
+        return self._pacing and self.probe
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        return store.connect(make_conninfo(self.conninfo, application_name=APPLICATION_NAME))
+
+    def _batches(
+        self, conn: psycopg.Connection[Any], pacing: _Pacing, budget: TimeBudget, started: float
+    ) -> _Tally:
+        def elapsed() -> float:
+            return self.clock() - started
+
+        tally = _Tally()
+        slowest = 0.0
+        while budget.room_for_batch(slowest, elapsed):
+            pacing.before = pacing.latency.take()  # answered during the pause (or the start)
+            batch = self.batch(conn)
+            if batch is None:
+                break
+            slowest = max(slowest, batch.seconds)
+            tally.add(batch)
+            if batch.sessions < self.batch_size:
+                tally.finished = True
+                break
+            pause = self._pause_after(batch, tally.batches, pacing)
+            if pause > 0:
+                if not budget.room_for_batch(slowest, elapsed, after_pause=pause):
+                    break  # no time for another batch after it: the next run goes on
+                self.sleep(pause)
+        return tally
+
+    def _result(self, tally: _Tally, started: float, *, dry_run: bool = False) -> CleanupResult:
+        result = CleanupResult(
+            deleted_sessions=tally.sessions,
+            deleted_messages=tally.messages,
+            batches=tally.batches,
+            duration_ms=(self.clock() - started) * 1000,
+            finished=tally.finished,
+            dry_run=dry_run,
+        )
+        logger.info("cleanup %s", json.dumps(result.as_dict()), extra={"cleanup": result.as_dict()})
+        return result
+
+
+@dataclass
+class _Tally:
+    sessions: int = 0
+    messages: int = 0
+    batches: int = 0
+    finished: bool = False
+
+    def add(self, batch: Batch) -> None:
+        self.batches += 1
+        self.sessions += batch.sessions
+        self.messages += batch.messages
 
 
 class _NoProbe:
@@ -407,16 +501,34 @@ class _NoProbe:
         return []
 
 
+@dataclass
+class _Pacing:
+    """What one run's adaptive pause is fed besides the batches: the probe's
+    round trips, before and during each batch, and others' writes."""
+
+    pacer: Pacer
+    latency: LatencyProbe | _NoProbe
+    conn: psycopg.Connection[Any]
+    counts_writes: bool  # pacing adaptively: worth a round trip per batch
+    before: list[float] = field(default_factory=list)  # answered before the batch
+    _last_xid: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if self.counts_writes:
+            self._last_xid = store.next_xid(self.conn)
+
+    def others_writes(self) -> int:
+        """Transactions others wrote and finished since the last call."""
+        if not self.counts_writes:
+            return 0
+        previous, self._last_xid = self._last_xid, store.next_xid(self.conn)
+        return max(0, self._last_xid - previous - 1)  # less the batch's own
+
+
 @contextmanager
-def _probe(conninfo: str, enabled: bool) -> Iterator[LatencyProbe | _NoProbe]:
+def _latency_probe(conninfo: str, enabled: bool) -> Iterator[LatencyProbe | _NoProbe]:
     if not enabled:
         yield _NoProbe()
         return
     with LatencyProbe(conninfo) as probe:
         yield probe
-
-
-def _next_xid(conn: psycopg.Connection[Any]) -> int:
-    """One past the latest transaction id to finish (without taking one)."""
-    row = conn.execute("select pg_snapshot_xmax(pg_current_snapshot())::text::bigint").fetchone()
-    return int(row[0]) if row else 0

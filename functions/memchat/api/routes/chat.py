@@ -18,8 +18,7 @@ from memchat.api.schemas import (
     error_responses,
     parse_session_id,
 )
-from memchat.errors import BadRequest, PayloadTooLarge
-from memchat.usecases.chat import ChatRequest, ChatResult
+from memchat.usecases.chat import ChatRequest, ChatResult, one_session_id
 from memchat.usecases.streaming import StreamedTurn
 
 router = APIRouter(tags=["chat"])
@@ -74,18 +73,15 @@ async def chat(
     With `Accept: text/event-stream` or `"stream": true` the answer comes as
     Server-Sent Events as the model writes it: `start`, `delta`..., `notes`,
     then `done` (this body) or `error` (the error JSON)."""
-    limit = state.settings.max_message_chars
-    if len(body.message) > limit:
-        raise PayloadTooLarge(f"message is {len(body.message)} characters; the limit is {limit}.")
-    if not body.message.strip():
-        raise BadRequest("message must contain some text.")
-    from_body = parse_session_id(body.session_id)
-    from_header = parse_session_id(x_session_id, "X-Session-ID")
-    if from_body and from_header and from_body != from_header:
-        raise BadRequest("X-Session-ID and body session_id name different sessions.")
+    session_id = one_session_id(
+        [
+            ("X-Session-ID", parse_session_id(x_session_id, "X-Session-ID")),
+            ("body session_id", parse_session_id(body.session_id)),
+        ]
+    )
     turn_request = ChatRequest(
         message=body.message,
-        session_id=from_body or from_header,
+        session_id=session_id,
         agent_name=body.agent_name,
         use_memory=body.use_memory,
         max_history_messages=body.max_history_messages,

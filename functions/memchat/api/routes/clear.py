@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from fastapi import APIRouter
 
-from memchat import store
 from memchat.api.deps import CurrentUser, State
 from memchat.api.schemas import (
     ClearSessionBody,
@@ -14,6 +11,7 @@ from memchat.api.schemas import (
     error_responses,
     parse_session_id,
 )
+from memchat.usecases import sessions
 
 router = APIRouter(tags=["chat"])
 
@@ -30,12 +28,8 @@ async def clear_session(
 
     With no session_id, the active session of agent_name is cleared.
     """
-    cleared = await store.clear_session(
-        state.db,
-        caller,
-        session_id=parse_session_id(body.session_id),
-        agent_name=body.agent_name,
-        ttl=timedelta(hours=state.settings.session_ttl_hours),
+    cleared = await sessions.clear_session(
+        state.db, state.settings, caller, parse_session_id(body.session_id), body.agent_name
     )
     return ClearSessionResponse(
         cleared_session_id=str(cleared.cleared_session_id),

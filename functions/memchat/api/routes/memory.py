@@ -16,7 +16,7 @@ from memchat.api.schemas import (
     RestoreNotesBody,
     error_responses,
 )
-from memchat.errors import NotFound, PayloadTooLarge
+from memchat.usecases.notes import replace_notes, restore_notes
 
 router = APIRouter(tags=["memory"])
 
@@ -45,11 +45,8 @@ async def read_memory(
 @router.put("/memory", response_model=NotesOut, responses=_PUT_ERRORS)
 async def replace_memory(body: NotesBody, caller: CurrentUser, state: State) -> NotesOut:
     """Replace the notes; with expected_version, only if nobody changed them since."""
-    limit = state.settings.ltm_max_chars
-    if len(body.notes) > limit:
-        raise PayloadTooLarge(f"notes are {len(body.notes)} characters; the limit is {limit}.")
-    notes = await store.save_notes(
-        state.db, caller, body.agent_name, body.notes, body.expected_version
+    notes = await replace_notes(
+        state.db, state.settings, caller, body.agent_name, body.notes, body.expected_version
     )
     return _out(notes)
 
@@ -102,14 +99,9 @@ _RESTORE_ERRORS = error_responses(
 async def restore_memory(body: RestoreNotesBody, caller: CurrentUser, state: State) -> NotesOut:
     """Set the notes back to a kept version's text, as a new version (so the
     restore can be undone too)."""
-    notes = await store.restore_notes(
+    notes = await restore_notes(
         state.db, caller, body.agent_name, body.version, body.expected_version
     )
-    if notes is None:
-        raise NotFound(
-            f"There is no kept version {body.version} of agent {body.agent_name!r}'s notes;"
-            " GET /memory/versions lists them."
-        )
     return _out(notes)
 
 
