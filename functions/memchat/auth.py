@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import functools
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memchat.errors import AuthUnavailable, Unauthorized
-from memchat.store import Caller
 
 if TYPE_CHECKING:
     import jwt
@@ -103,6 +104,14 @@ def _refusal(exc: jwt.PyJWTError) -> str:
         # exc.claim is one of our required names, not text from the token.
         return f"The access token has no '{exc.claim}' claim; send a Supabase access token."
     return next((detail for kind, detail in _refusals() if isinstance(exc, kind)), _INVALID)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A verified user: the id and the claims the database sees."""
+
+    user_id: uuid.UUID
+    claims: Mapping[str, Any]
 
 
 class TokenVerifier:

@@ -25,9 +25,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
-from memchat import devtokens
+from memchat import bootstrap, devtokens
 from memchat.api.main import create_app
-from memchat.api.state import AppState
 from memchat.auth import TokenVerifier
 from tests.conftest import JWT_SECRET, make_settings
 from tests.utils.api import ApiClient
@@ -289,7 +288,7 @@ async def jwks_apps(
     clients: list[ApiClient] = []
 
     def build(**verifier_options: float) -> ApiClient:
-        state = AppState.build(settings)
+        state = bootstrap.services(settings)
         state.verifier = TokenVerifier(settings, **verifier_options)
         clients.append(ApiClient(settings, app=create_app(settings, state=state)))
         return clients[-1]

@@ -18,7 +18,8 @@ import httpx
 import psycopg
 import pytest
 
-from memchat.api.main import MAX_BODY_BYTES, create_app
+from memchat import bootstrap
+from memchat.api.main import MAX_BODY_BYTES
 from memchat.config import Settings
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import assert_error
@@ -199,7 +200,7 @@ async def test_under_uvicorn_the_connection_is_closed_soon_after_the_limit(
     What the client got to send includes what the sockets' buffers held."""
     import uvicorn
 
-    app = create_app(settings)
+    app = bootstrap.app(settings)
     sock = free_listening_socket()
     server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

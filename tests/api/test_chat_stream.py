@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from memchat.api.schemas import ChatResponse
+from memchat.api.schemas.chat import ChatResponse
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import ERROR_KEYS, assert_error, chat, stored_notes
 from tests.utils.fake_openai import FakeOpenAI, tool_call

@@ -7,6 +7,7 @@ fake OpenAI server (its usage: 11 prompt and 7 completion tokens a call).
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -316,7 +317,12 @@ async def test_stats_match_a_scripted_history(
     assert one["feedback"] == {"positive": 1, "negative": 1, "neutral": 0, "with_comment": 1}
     assert one["first_activity_at"] == first["session"]["created_at"]
     assert one["last_activity_at"] == third["session"]["last_active_at"]
-    assert one["duration_seconds"] >= 0
+    # From the first to the last activity, to the millisecond (the API rounds it).
+    span = datetime.fromisoformat(one["last_activity_at"]) - datetime.fromisoformat(
+        one["first_activity_at"]
+    )
+    assert abs(one["duration_seconds"] - span.total_seconds()) <= 0.0005, (one, span)
+    assert span.total_seconds() > 0  # three turns, one after the other
     cleared = (await api.get(f"/chat/stats/{gone['session_id']}", headers=auth)).json()
     assert (cleared["status"], cleared["messages"], cleared["turns"]) == ("cleared", 0, 1)
 

@@ -22,7 +22,7 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.core.parameters import ParameterLocation
 from schemathesis.specs.openapi import checks
 
-from memchat.api.main import create_app
+from memchat import bootstrap
 from memchat.config import load_settings
 from tests.conftest import make_settings
 from tests.utils.api import ApiClient
@@ -34,7 +34,7 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 
 @pytest.fixture(scope="module")
 def fuzz_app(database_url: str, fake_openai: FakeOpenAI) -> Iterator[Any]:
-    app = create_app(make_settings(database_url, fake_openai.url))
+    app = bootstrap.app(make_settings(database_url, fake_openai.url))
     yield app
 
 
@@ -61,7 +61,7 @@ def api_schema(fuzz_app: Any) -> Any:
 def _operations() -> list[tuple[str, str]]:
     """(method, path) of every documented operation, read from an app that is
     only built (it never connects), so pytest can list one test per operation."""
-    app = create_app(
+    app = bootstrap.app(
         load_settings(
             database_url="postgresql://localhost/unused",
             supabase_jwt_secret="collection-only-secret-of-at-least-32-chars",

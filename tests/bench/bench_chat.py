@@ -53,7 +53,6 @@ from tests.bench import bench_import
 from tests.utils.api import ApiClient
 from tests.utils.fake_openai import FakeOpenAI
 
-TARGET_IMPORT_MS = 300.0
 IMPORT_MODULES = [
     ("memchat.api.main", "the FastAPI app"),
     ("memchat.handlers.chat", "the chat Lambda handler (app + Mangum + Powertools)"),
@@ -130,7 +129,6 @@ def time_imports(runs: int) -> list[list[str]]:
                 f"{median:.0f}",
                 f"{min(walls):.0f}",
                 f"{statistics.median(cumulative) / 1000:.0f}",
-                "yes" if median <= TARGET_IMPORT_MS else "no",
             ]
         )
     return rows
@@ -177,8 +175,9 @@ def main() -> int:
     print(common.format_table(["per turn", "median ms", "p95 ms", "min ms"], rows))
 
     print(
-        "\nCold import, a fresh interpreter per run (modules from this checkout,"
-        f" PYTHONDONTWRITEBYTECODE=1), {args.import_runs} runs each:\n"
+        "\nCold import, a fresh interpreter per run (modules from this checkout;"
+        " tests/bench/bench_import.py holds it against its stack's import),"
+        f" {args.import_runs} runs each:\n"
     )
     print(
         common.format_table(
@@ -187,7 +186,6 @@ def main() -> int:
                 "wall median ms",
                 "wall best ms",
                 "-X importtime cumulative ms",
-                f"<= {TARGET_IMPORT_MS:.0f} ms",
             ],
             import_rows,
         )

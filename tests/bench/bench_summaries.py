@@ -40,10 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: fin
 
 import psycopg
 
-from memchat import devdb, messages, store
+from memchat import bootstrap, devdb, messages, store
 from memchat.config import Settings, load_settings
 from memchat.store.db import Database
-from memchat.usecases.summarize import Summarizer
 from tests.bench import _common as common
 from tests.utils.fake_openai import FakeOpenAI
 from tests.utils.users import claims_for
@@ -161,7 +160,7 @@ async def drain(worker_url: str, model_url: str, seconds: float, pace: float) ->
         memory_max_history_messages=WINDOW,
         summary_trigger_messages=TRIGGER,
     )
-    summarizer = Summarizer.for_settings(settings)
+    summarizer = bootstrap.summarizer(settings)
     try:
         return (await summarizer.run(max_seconds=seconds)).as_dict()
     finally:

@@ -12,10 +12,11 @@ zips it and unpacked as Lambda unpacks it, imported by the runtime's Python.
 
 A ratio, not a time: both sides run on the same machine in the same minutes,
 so a slower or busier machine moves both. A busy machine still spreads the
-pairs (one pair's ratio ranged 0.95-1.74 at a load of 1 on 2 CPUs, their
-median 1.26 where it is 1.20-1.22 when the machine is quiet): a median over
-the limit is measured again with as many pairs, and the verdict is the
-median of all of them. A regression stays over the limit the second time.
+pairs (single pairs ranged 0.87-1.62 on 2 CPUs at a load of about 1), so a
+median over the limit is measured again with as many pairs, and the verdict
+is the median of all of them: a regression stays over the limit the second
+time. docs/benchmarks.md ("The chat handler's import against its stack")
+has the figures and what makes up the difference.
 """
 
 from __future__ import annotations

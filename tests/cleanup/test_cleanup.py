@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from memchat import bootstrap
 from memchat.config import ConfigError, load_settings
 from memchat.usecases.cleanup import Cleanup, CleanupResult, TimeBudget
 from tests.cleanup.conftest import HOUR, Seeder, cleanup_on
@@ -228,7 +229,7 @@ def test_pauses_between_batches_in_proportion_to_each_batch(cleanup_url, users, 
     ],
 )
 def test_configured_by_the_settings(monkeypatch, env, expected):
-    configured = Cleanup.for_settings(_settings(monkeypatch, env))
+    configured = bootstrap.cleanup(_settings(monkeypatch, env))
     assert (configured.batch_size, configured.pause_factor) == expected
     assert configured.conninfo == "postgresql://localhost/memchat"
 

@@ -41,7 +41,7 @@ from tests.utils.fake_openai import FakeOpenAI
 EVENTS = Path(__file__).resolve().parents[1] / "events"
 HANDLER_PACKAGE = "memchat.handlers"
 # Modules whose import does the per-instance set-up; dropped before and after each test.
-INSTANCE_MODULES = (HANDLER_PACKAGE, "memchat.observability")
+INSTANCE_MODULES = (HANDLER_PACKAGE, "memchat.observability", "memchat.snapstart")
 # Loggers the Powertools set-up reconfigures.
 TOUCHED_LOGGERS = ("memchat", "mangum", "httpx", "openai", "psycopg", "jwt")
 

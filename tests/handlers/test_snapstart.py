@@ -47,7 +47,7 @@ SECRET_MESSAGE = "the safe's code is 90210, keep it to yourself"
 def snapstart(runtime: LambdaRuntime) -> types.ModuleType:
     """The module with the hooks, of the instance `runtime` imported (fresh for each test)."""
     runtime.load("chat")
-    return sys.modules["memchat.handlers.instance"]
+    return sys.modules["memchat.snapstart"]
 
 
 def state_of(runtime: LambdaRuntime) -> Any:
@@ -281,7 +281,7 @@ def test_the_import_leaves_to_first_use_what_the_snapshot_warms(
     script = """
 import json, sys
 import memchat.handlers.chat
-from memchat.handlers import instance
+from memchat import snapstart
 from memchat.model import tokens
 seen = {}
 def look(when):
@@ -293,7 +293,7 @@ def look(when):
         "pydantic_settings": "pydantic_settings" in sys.modules,
     }
 look("import")
-instance.run_before_snapshot()
+snapstart.run_before_snapshot()
 look("snapshot")
 print(json.dumps(seen))
 """

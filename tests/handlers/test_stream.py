@@ -30,7 +30,7 @@ import httpx
 import psycopg
 import pytest
 
-from memchat import devtokens
+from memchat import bootstrap, devtokens
 from tests.conftest import JWT_SECRET
 from tests.handlers.conftest import LambdaRuntime
 from tests.utils.fake_openai import FakeOpenAI
@@ -306,7 +306,7 @@ def test_secrets_are_resolved_as_for_the_http_functions(
     stream = lambda_.load("stream")
 
     async def health() -> httpx.Response:
-        app = stream.create_stream_app()
+        app = bootstrap.stream_app()
         try:
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://lwa") as client:
@@ -547,8 +547,8 @@ def test_the_routes_served_follow_route_groups() -> None:
     """export -> the two exports; chat -> POST /chat; /health always; nothing else."""
     from fastapi import FastAPI
 
+    from memchat.api import streamed as stream
     from memchat.config import ConfigError
-    from memchat.handlers import stream
 
     app = FastAPI()
     exports = {("GET", "/export"), ("GET", "/chat/export/{session_id}")}

@@ -44,13 +44,21 @@ async def test_a_scheduled_run_summarizes_due_sessions(
     for i in range(1, 11):  # 22 messages: past the window (10) and the trigger (10)
         await chat(api, auth, f"turn {i}", session_id=sid)
 
+    # The only due session (the queue was emptied): the run's lag is how long it
+    # has waited, from its due_since to the run's start, in the database's clock.
+    due_since, before = admin.execute(
+        "select due_since, now() from memchat.summary_queue where session_id = %s",
+        (uuid.UUID(sid),),
+    ).fetchone()
     # A Lambda invocation runs with no event loop of its own running: a thread.
     event = load_event("summaries.json")
     result = await asyncio.to_thread(lambda_.invoke, "summarize", event, worker_context())
+    (after,) = admin.execute("select now()").fetchone()
 
     assert set(result) == RUN_KEYS
     assert result["summarized"] == 1 and result["finished"] is True
-    assert result["lag_seconds"] is not None and result["lag_seconds"] >= 0
+    waited = ((before - due_since).total_seconds(), (after - due_since).total_seconds())
+    assert waited[0] - 0.05 <= result["lag_seconds"] <= waited[1] + 0.05, (result, waited)
     (summary,) = admin.execute(
         "select summary from public.chat_sessions where id = %s", (uuid.UUID(sid),)
     ).fetchone()

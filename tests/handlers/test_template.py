@@ -41,9 +41,10 @@ import httpx
 import pytest
 from cfnlint.decode import decode  # type: ignore[import-untyped]
 
-from memchat import secrets
+from memchat import bootstrap, secrets
+from memchat.api import streamed as stream
 from memchat.config import ROUTE_GROUPS, Settings, parse_route_groups, secret_settings
-from memchat.handlers import stream
+from memchat.handlers import stream as server
 from tests.handlers.conftest import FakeContext, LambdaRuntime, body_of, route_event
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -361,10 +362,9 @@ def test_every_handler_module_is_deployed() -> None:
 
 
 async def test_template_routes_are_the_apps_routes(settings: Settings) -> None:
-    from memchat.api.main import create_app
 
     async def served(groups: frozenset[str]) -> set[tuple[str, str]]:
-        app = create_app(settings.model_copy(update={"route_groups": groups}))
+        app = bootstrap.app(settings.model_copy(update={"route_groups": groups}))
         paths = app.openapi()["paths"]
         state = app.state.memchat
         await state.close()
@@ -418,7 +418,7 @@ def test_the_streaming_functions_run_the_stream_server_behind_the_web_adapter(
     assert variables["AWS_LAMBDA_EXEC_WRAPPER"] == "/opt/bootstrap"
     assert variables["AWS_LWA_INVOKE_MODE"] == "response_stream"
     assert variables["AWS_LWA_READINESS_CHECK_PATH"] == stream.READINESS_PATH
-    assert int(variables.get("AWS_LWA_PORT", stream.DEFAULT_PORT)) == stream.DEFAULT_PORT
+    assert int(variables.get("AWS_LWA_PORT", server.DEFAULT_PORT)) == server.DEFAULT_PORT
     assert stream.routes_for(route_groups_of(function)), f"{function} would serve nothing"
 
     # The browser calls it from the same origin as the API.
@@ -689,10 +689,10 @@ def test_each_function_url_route_reaches_the_stream_server(
 ) -> None:
     as_deployed(monkeypatch, function)
     concrete = path.replace("{session_id}", "6f1c1d2e-4b7a-4c3e-9a51-2f0e8d9c7b10")
-    server = lambda_.load(handler_module(FUNCTIONS[function]))
+    lambda_.load(handler_module(FUNCTIONS[function]))  # the function's settings, as deployed
 
     async def call() -> list[httpx.Response]:
-        app = server.create_stream_app()
+        app = bootstrap.stream_app()
         try:
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://lwa") as client:

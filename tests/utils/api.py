@@ -7,15 +7,14 @@ from typing import Any
 
 import httpx
 
-from memchat import devtokens
-from memchat.api.main import create_app
+from memchat import bootstrap, devtokens
 from memchat.config import Settings
 from tests.utils.users import create_user
 
 
 class ApiClient(httpx.AsyncClient):
     def __init__(self, settings: Settings, app: Any = None) -> None:
-        self.app = app or create_app(settings)
+        self.app = app or bootstrap.app(settings)
         self.settings = settings
         super().__init__(
             transport=httpx.ASGITransport(app=self.app), base_url="http://memchat.test"

@@ -10,9 +10,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.datastructures import QueryParams
 
 from memchat.api.state import AppState
+from memchat.auth import Caller
 from memchat.config import AGENT_NAME_PATTERN
 from memchat.errors import BadRequest, InvalidInput, Unauthorized
-from memchat.store import Caller
 
 
 def get_state(request: Request) -> AppState:

@@ -233,7 +233,8 @@ def _client_request_id(request: Request) -> str | None:
     return supplied if CLIENT_REQUEST_ID.fullmatch(supplied) else None
 
 
-def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
+def create_app(settings: Settings, state: AppState) -> FastAPI:
+    """The FastAPI app over `state` (memchat.bootstrap builds both)."""
     app = FastAPI(
         title="memchat",
         version=__version__,
@@ -245,7 +246,7 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
     from memchat.api import docs
 
     docs.install(app)
-    app.state.memchat = state or AppState.build(settings)
+    app.state.memchat = state
     errors.install(app)
     # Inside request_context (added before it), so the route reads the body
     # through it directly and its 413 reaches the error handlers.

@@ -1,6 +1,7 @@
 """What the app holds for its lifetime: settings, database, verifier, model.
 
-Created once per process (a warm Lambda instance reuses all of it); nothing
+Made once per process by memchat.bootstrap.services (a warm Lambda instance
+reuses all of it); nothing
 here does I/O until a request needs it. The model client and the chat use
 case exist only where the chat routes are served (ROUTE_GROUPS): the
 sessions and export functions have no model key and never build them.
@@ -9,12 +10,14 @@ sessions and export functions have no model key and never build them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from memchat.auth import TokenVerifier
-from memchat.config import Settings
-from memchat.model.client import ModelClient
-from memchat.store.db import Database, RequestLimits
-from memchat.usecases.chat import ChatService
+if TYPE_CHECKING:
+    from memchat.auth import TokenVerifier
+    from memchat.config import Settings
+    from memchat.model.client import ModelClient
+    from memchat.store.db import Database
+    from memchat.usecases.chat import ChatService
 
 
 @dataclass
@@ -31,19 +34,6 @@ class AppState:
         if self.chat_service is None:
             raise RuntimeError("this process does not serve the chat routes (ROUTE_GROUPS)")
         return self.chat_service
-
-    @classmethod
-    def build(cls, settings: Settings) -> AppState:
-        db = Database(
-            settings.database_url,
-            settings.db_max_connections,
-            RequestLimits.from_settings(settings),
-        )
-        state = cls(settings=settings, db=db, verifier=TokenVerifier(settings))
-        if settings.serves("chat"):
-            state.model = ModelClient.for_settings(settings)
-            state.chat_service = ChatService(db=db, model=state.model, settings=settings)
-        return state
 
     async def close(self) -> None:
         await self.db.close()

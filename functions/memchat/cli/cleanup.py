@@ -7,6 +7,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
+from memchat import bootstrap
 from memchat.cli.base import database_url, err, role_url
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from memchat.config import ConfigError, load_settings
-    from memchat.usecases.cleanup import Cleanup, TimeBudget
+    from memchat.usecases.cleanup import TimeBudget
 
     try:
         # As the CleanupFunction reads them: CLEANUP_BATCH_SIZE, CLEANUP_PAUSE_FACTOR.
@@ -28,7 +29,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         err(str(exc))
         return 2
-    configured = Cleanup.for_settings(settings)
+    configured = bootstrap.cleanup(settings)
     cleanup = replace(
         configured,
         batch_size=args.batch_size or configured.batch_size,

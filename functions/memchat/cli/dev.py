@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from memchat import bootstrap
 from memchat.cli.base import add_described_command, database_url, err, jwt_secret, role_url
 from memchat.cli.db import apply_migrations
 from memchat.cli.summarize import worker_settings
@@ -15,8 +16,6 @@ from memchat.cli.token import DEFAULT_EMAIL, mint_local_token
 if TYPE_CHECKING:
     import argparse
     import socket
-
-    from fastapi import FastAPI
 
     from memchat.cli.base import Subcommands
     from memchat.config import Settings
@@ -136,7 +135,7 @@ def _dev(args: argparse.Namespace, sock: socket.socket, run: _DevRun) -> int:
 
     try:
         settings = load_settings(**overrides)
-        app = _build_app(settings)
+        app = bootstrap.dev_app(settings)
     except ConfigError as exc:
         err(str(exc))
         return 2
@@ -155,17 +154,6 @@ def _dev(args: argparse.Namespace, sock: socket.socket, run: _DevRun) -> int:
     config = uvicorn.Config(app, log_level="warning", access_log=False, log_config=None)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
-
-
-def _build_app(settings: Settings) -> FastAPI:
-    """The app `memchat dev` serves, and the one place it is built: the API
-    for `settings`, its recall checked (ConfigError), the chat page at /."""
-    from memchat.api.main import create_app
-
-    app = create_app(settings)
-    app.state.memchat.chat.recall.check_at_start()
-    _add_chat_page(app)
-    return app
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -253,19 +241,6 @@ def _shown_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-def _add_chat_page(app: FastAPI) -> None:
-    """A small browser chat page at / (local development only)."""
-    from importlib.resources import files
-
-    from fastapi.responses import HTMLResponse
-
-    page = (files("memchat") / "static" / "chat.html").read_text(encoding="utf-8")
-
-    @app.get("/", include_in_schema=False)
-    async def chat_page() -> HTMLResponse:
-        return HTMLResponse(page)
-
-
 def _api_url(owner_url: str) -> str:
     """What `memchat dev` serves the API with: the memchat_api role, as deployed."""
     from memchat import devdb
@@ -304,10 +279,9 @@ class _SummaryWorker:
         import asyncio
 
         from memchat import logs
-        from memchat.usecases.summarize import Summarizer
 
         log = logging.getLogger("memchat.summaries")
-        summarizer = Summarizer.for_settings(self.settings)
+        summarizer = bootstrap.summarizer(self.settings)
         try:
             while not self.stopping.is_set():
                 try:

@@ -7,6 +7,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from memchat import bootstrap
 from memchat.cli.base import database_url, err, role_url
 
 if TYPE_CHECKING:
@@ -22,7 +23,6 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING").upper())
     from memchat.config import ConfigError
-    from memchat.usecases.summarize import Summarizer
 
     try:
         settings = worker_settings(database_url(), {})
@@ -31,7 +31,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         return 2
 
     async def once() -> dict[str, Any]:
-        summarizer = Summarizer.for_settings(settings)
+        summarizer = bootstrap.summarizer(settings)
         try:
             return (await summarizer.run(max_seconds=args.max_seconds)).as_dict()
         finally:

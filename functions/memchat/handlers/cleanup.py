@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memchat import observability, secrets
-from memchat.usecases.cleanup import Cleanup, TimeBudget
+from memchat import bootstrap, observability, secrets
+from memchat.usecases.cleanup import TimeBudget
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 settings = secrets.load_settings(job="cleanup")
 observability.configure(settings.log_level)
-cleanup = Cleanup.for_settings(settings)
+cleanup = bootstrap.cleanup(settings)
 
 
 @observability.scheduled_handler

@@ -1,15 +1,11 @@
 """The API Gateway functions' entry point, set up once per Lambda instance.
 
-Everything at module scope runs in the init phase: `build_app()` fetches the
-secrets, validates the settings (a misconfigured function fails here with a
-message that names the variable) and builds the app. Warm invocations reuse
-its database connection, the token verifier's keys and the model client.
-
-With Lambda SnapStart the init phase runs once per published version and
-new instances start from its snapshot: the hooks registered here warm the
-app before the snapshot and re-make its connections and clients after each
-restore (`memchat.handlers.instance`, docs/snapstart.md). Without it they
-never run.
+Everything at module scope runs in the init phase: memchat.bootstrap builds
+the app (its secrets fetched, its settings validated: a misconfigured
+function fails here, naming the variable). Warm invocations reuse its
+database connection, the token verifier's keys and the model client. With
+Lambda SnapStart the hooks registered here warm the app before the snapshot
+and re-make its connections after each restore (memchat.snapstart).
 """
 
 from __future__ import annotations
@@ -18,19 +14,17 @@ from typing import TYPE_CHECKING, Any
 
 from mangum import Mangum
 
-from memchat import observability
-from memchat.handlers.instance import build_app, install_snapstart_hooks
+from memchat import bootstrap, observability, snapstart
 
 if TYPE_CHECKING:
     from mangum.types import LambdaContext
 
-# Text responses go out as text, not base64 (the export formats included, though
-# the exports themselves are served by memchat.handlers.stream).
+# Text responses go out as text, not base64.
 TEXT_MIME_TYPES = ["text/", "application/json", "application/x-ndjson"]
 
-app = build_app()
+app = bootstrap.lambda_app()
 adapter = Mangum(app, lifespan="off", text_mime_types=TEXT_MIME_TYPES)
-install_snapstart_hooks(app)
+snapstart.install(app)
 
 
 @observability.http_handler

@@ -13,9 +13,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from memchat import observability, secrets
+from memchat import bootstrap, observability, secrets
 from memchat.model.tokens import counter_for_model
-from memchat.usecases.summarize import Summarizer
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
 
 settings = secrets.load_settings(job="summaries")
 observability.configure(settings.log_level)
-summarizer = Summarizer.for_settings(settings)
+summarizer = bootstrap.summarizer(settings)
 # Warm invocations reuse the loop, and with it the connection and the HTTP client.
 loop = asyncio.new_event_loop()
 # Every summary is cut to SUMMARY_MAX_TOKENS: build the tokenizer in the init phase.

@@ -8,7 +8,7 @@ that answers 200 with a broken body (HTML from a proxy, truncated JSON,
 fields of the wrong type) would only fail later, far from here, as a 500.
 The body is therefore read here as plain JSON and every field we use is
 checked: anything unexpected is the provider's failure (502, nothing
-stored). Every string we keep is made storable (see `_storable`).
+stored). Every string we keep is made storable (see `_safe_for_postgres`).
 
 Streamed answers (`ModelClient.complete_streaming`) go through the same
 client and the same error mapping. The SDK's typed chunks are not used
@@ -75,7 +75,7 @@ class ToolCall:
             raise ValueError("tool arguments are nested too deeply") from None
         if not isinstance(value, dict):
             raise ValueError("tool arguments must be a JSON object")
-        _check_storable_json(value)
+        _check_fits_jsonb(value)
         return value
 
 
@@ -194,9 +194,9 @@ class ModelClient:
         The SDK's own low-level `post` (its way to call any endpoint), not
         `chat.completions.create`: `create` first walks the whole request
         through its typed-dict transform, which for our plain JSON messages
-        changes nothing and cost 4.4 ms of CPU per call with a 31-message
-        context (docs/benchmarks.md, "Streamed answers"), paid on every turn
-        before the request leaves. Authentication, timeouts, retries and the
+        changes nothing and costs CPU time that grows with the context
+        (docs/benchmarks.md, "Streamed answers"), paid on every turn before
+        the request leaves. Authentication, timeouts, retries and the
         mapping of HTTP errors to exceptions are the same.
         """
         import httpx2
@@ -246,7 +246,7 @@ class ModelClient:
         """
         settings = self._settings
         try:
-            return await self._embedding(_storable(text), settings)
+            return await self._embedding(_safe_for_postgres(text), settings)
         except EmbeddingUnavailable as exc:
             logger.warning("embedding unavailable: %s", exc.reason, extra={"reason": exc.reason})
             raise
@@ -511,7 +511,7 @@ class _Stream:
             raise UpstreamError(CUT_OFF)
         if not self._answered:
             raise UpstreamError(NO_ANSWER)
-        tail, self._held = _storable(self._held), ""
+        tail, self._held = _safe_for_postgres(self._held), ""
         if tail:
             self._content.append(tail)
         return tail
@@ -521,8 +521,8 @@ class _Stream:
             ToolCall(
                 id=_string(call.id, "tool call id"),
                 name=_string(call.name, "tool call name"),
-                arguments=_storable_json(
-                    _storable("{}" if call.arguments is None else "".join(call.arguments))
+                arguments=_json_safe_for_postgres(
+                    _safe_for_postgres("{}" if call.arguments is None else "".join(call.arguments))
                 ),
             )
             for _, call in sorted(self._calls.items())
@@ -538,7 +538,7 @@ class _Stream:
         text, self._held = self._held + text, ""
         if text and "\ud800" <= text[-1] <= "\udbff":
             text, self._held = text[:-1], text[-1]
-        text = _storable(text)
+        text = _safe_for_postgres(text)
         if text:
             self._content.append(text)
         return text
@@ -619,7 +619,9 @@ def _tool_call(value: Any) -> ToolCall | None:
     return ToolCall(
         id=_string(call.get("id"), "tool call id"),
         name=_string(function.get("name"), "tool call name"),
-        arguments=_storable_json(_string(function.get("arguments"), "arguments", default="{}")),
+        arguments=_json_safe_for_postgres(
+            _string(function.get("arguments"), "arguments", default="{}")
+        ),
     )
 
 
@@ -660,7 +662,7 @@ def _object(value: Any, where: str) -> dict[str, Any]:
 
 def _string(value: Any, where: str, *, default: str | None = None) -> str:
     """A string field, made storable; null or absent only when there is a default."""
-    return _storable(_text(value, where, default=default))
+    return _safe_for_postgres(_text(value, where, default=default))
 
 
 def _text(value: Any, where: str, *, default: str | None = None) -> str:
@@ -676,10 +678,10 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @overload
-def _storable(value: str) -> str: ...
+def _safe_for_postgres(value: str) -> str: ...
 @overload
-def _storable(value: object) -> object: ...
-def _storable(value: object) -> object:
+def _safe_for_postgres(value: object) -> object: ...
+def _safe_for_postgres(value: object) -> object:
     """`value` with every string made storable in PostgreSQL text and jsonb.
 
     NUL is removed: neither type can hold it, and it carries no meaning. Lone
@@ -693,28 +695,28 @@ def _storable(value: object) -> object:
             value = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
         return value
     if isinstance(value, list):
-        return [_storable(v) for v in value]
+        return [_safe_for_postgres(v) for v in value]
     if isinstance(value, dict):
-        return {_storable(k): _storable(v) for k, v in value.items()}
+        return {_safe_for_postgres(k): _safe_for_postgres(v) for k, v in value.items()}
     return value
 
 
-# JSON escapes that decode to something `_storable` changes: NUL or a surrogate.
-_UNSTORABLE_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
+# JSON escapes that decode to something `_safe_for_postgres` changes: NUL or a surrogate.
+_UNSAFE_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
 
 
-def _storable_json(text: str) -> str:
+def _json_safe_for_postgres(text: str) -> str:
     """JSON text (tool-call arguments) whose decoded strings are storable too.
 
-    `text` itself has been through `_storable`; escapes can still decode to
+    `text` itself has been through `_safe_for_postgres`; escapes can still decode to
     NUL or a lone surrogate, so such text is decoded, repaired and written
     again. Text that is not JSON is left as it is (it is stored as a string).
     """
-    if not _UNSTORABLE_ESCAPE.search(text):
+    if not _UNSAFE_ESCAPE.search(text):
         return text
     try:
         value = json.loads(text)
-        repaired = _storable(value)
+        repaired = _safe_for_postgres(value)
         if repaired == value:
             return text
         return json.dumps(repaired, ensure_ascii=False)
@@ -727,7 +729,7 @@ def _storable_json(text: str) -> str:
 _MAX_ARGUMENT_DEPTH = 64
 
 
-def _check_storable_json(value: Any) -> None:
+def _check_fits_jsonb(value: Any) -> None:
     """Refuse parsed arguments that would fail the turn when stored as jsonb.
 
     json.loads accepts NaN and Infinity (and 1e400 parses as inf), which jsonb

@@ -20,48 +20,136 @@ Callers use the package (`store.load_context(...)`); the names below are
 its whole interface.
 """
 
-from memchat.store.account import delete_user_data
-from memchat.store.cleanup import (
-    count_expired,
-    expire_sessions_batch,
-    next_xid,
-    probe,
-    purge_expired_claims,
-    purge_idle_rate_buckets,
-)
-from memchat.store.db import Database, RequestLimits, connect, database_ok
-from memchat.store.embeddings import embedding_dimensions, recall, stored_embedding_dimensions
-from memchat.store.export import ExportReader, snapshot
-from memchat.store.feedback import delete_feedback, set_feedback
-from memchat.store.notes import delete_notes, notes_versions, read_notes, restore_notes, save_notes
-from memchat.store.records import (
-    Caller,
-    Cleared,
-    Context,
-    DueSummary,
-    Feedback,
-    Hit,
-    Limits,
-    Notes,
-    NotesVersion,
-    Replay,
-    SessionInfo,
-    SourceMessage,
-    Summary,
-    SummarySource,
-    Turn,
-)
-from memchat.store.sessions import active_session, clear_session, list_sessions
-from memchat.store.stats import chat_stats, session_stats
-from memchat.store.summaries import (
-    claim_due_summaries,
-    save_summary,
-    summary_done,
-    summary_failed,
-    summary_lag,
-    summary_source,
-)
-from memchat.store.turns import load_context, record_turn, release_claim
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memchat.store.account import delete_user_data
+    from memchat.store.cleanup import (
+        count_expired,
+        expire_sessions_batch,
+        next_xid,
+        probe,
+        purge_expired_claims,
+        purge_idle_rate_buckets,
+    )
+    from memchat.store.db import Database, RequestLimits, connect, database_ok
+    from memchat.store.embeddings import embedding_dimensions, recall, stored_embedding_dimensions
+    from memchat.store.export import ExportReader, snapshot
+    from memchat.store.feedback import delete_feedback, set_feedback
+    from memchat.store.notes import (
+        delete_notes,
+        notes_versions,
+        read_notes,
+        restore_notes,
+        save_notes,
+    )
+    from memchat.store.records import (
+        Caller,
+        Cleared,
+        Context,
+        DueSummary,
+        Feedback,
+        Hit,
+        Limits,
+        Notes,
+        NotesVersion,
+        Replay,
+        SessionInfo,
+        SourceMessage,
+        Summary,
+        SummarySource,
+        Turn,
+    )
+    from memchat.store.sessions import active_session, clear_session, list_sessions
+    from memchat.store.stats import chat_stats, session_stats
+    from memchat.store.summaries import (
+        claim_due_summaries,
+        save_summary,
+        summary_done,
+        summary_failed,
+        summary_lag,
+        summary_source,
+    )
+    from memchat.store.turns import load_context, record_turn, release_claim
+
+# Imported on first use (PEP 562): a process loads only the store modules it
+# calls (the chat function none of the exports', cleanup's or analytics'),
+# and none at import; memchat.snapstart loads them before a snapshot.
+_WHERE = {
+    "Caller": "memchat.store.records",
+    "Cleared": "memchat.store.records",
+    "Context": "memchat.store.records",
+    "Database": "memchat.store.db",
+    "DueSummary": "memchat.store.records",
+    "ExportReader": "memchat.store.export",
+    "Feedback": "memchat.store.records",
+    "Hit": "memchat.store.records",
+    "Limits": "memchat.store.records",
+    "Notes": "memchat.store.records",
+    "NotesVersion": "memchat.store.records",
+    "Replay": "memchat.store.records",
+    "RequestLimits": "memchat.store.db",
+    "SessionInfo": "memchat.store.records",
+    "SourceMessage": "memchat.store.records",
+    "Summary": "memchat.store.records",
+    "SummarySource": "memchat.store.records",
+    "Turn": "memchat.store.records",
+    "active_session": "memchat.store.sessions",
+    "chat_stats": "memchat.store.stats",
+    "claim_due_summaries": "memchat.store.summaries",
+    "clear_session": "memchat.store.sessions",
+    "connect": "memchat.store.db",
+    "count_expired": "memchat.store.cleanup",
+    "database_ok": "memchat.store.db",
+    "delete_feedback": "memchat.store.feedback",
+    "delete_notes": "memchat.store.notes",
+    "delete_user_data": "memchat.store.account",
+    "embedding_dimensions": "memchat.store.embeddings",
+    "expire_sessions_batch": "memchat.store.cleanup",
+    "list_sessions": "memchat.store.sessions",
+    "load_context": "memchat.store.turns",
+    "next_xid": "memchat.store.cleanup",
+    "notes_versions": "memchat.store.notes",
+    "probe": "memchat.store.cleanup",
+    "purge_expired_claims": "memchat.store.cleanup",
+    "purge_idle_rate_buckets": "memchat.store.cleanup",
+    "read_notes": "memchat.store.notes",
+    "recall": "memchat.store.embeddings",
+    "record_turn": "memchat.store.turns",
+    "release_claim": "memchat.store.turns",
+    "restore_notes": "memchat.store.notes",
+    "save_notes": "memchat.store.notes",
+    "save_summary": "memchat.store.summaries",
+    "session_stats": "memchat.store.stats",
+    "set_feedback": "memchat.store.feedback",
+    "snapshot": "memchat.store.export",
+    "stored_embedding_dimensions": "memchat.store.embeddings",
+    "summary_done": "memchat.store.summaries",
+    "summary_failed": "memchat.store.summaries",
+    "summary_lag": "memchat.store.summaries",
+    "summary_source": "memchat.store.summaries",
+}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+        globals()[name] = value
+        return value
+    if name in SUBMODULES:
+        return importlib.import_module(f"memchat.store.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+SUBMODULES = frozenset(
+    {
+        "account", "analytics", "cleanup", "db", "embeddings", "export", "feedback",
+        "fragments", "migrations", "notes", "records", "sessions", "stats", "summaries",
+        "turns", "users",
+    }
+)  # fmt: skip
 
 __all__ = [
     "Caller",

@@ -14,13 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from memchat.auth import Caller
 
-@dataclass(frozen=True)
-class Caller:
-    """A verified user: the id and the claims the database sees."""
-
-    user_id: uuid.UUID
-    claims: Mapping[str, Any]
+__all__ = ["Caller"]  # the verified user, as every store function takes it (memchat.auth)
 
 
 @dataclass(frozen=True)

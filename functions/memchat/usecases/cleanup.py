@@ -48,11 +48,12 @@ stops instead and the next one resumes. Measured against one client's chat
 turns in docs/benchmarks.md, "Scheduled cleanup".
 
 The Lambda handler and `memchat cleanup [--dry-run] [--max-seconds N]` both
-build theirs with `Cleanup.for_settings` (DATABASE_URL, CLEANUP_BATCH_SIZE,
-CLEANUP_PAUSE_FACTOR: the one settings object, memchat.config).
+build theirs with `memchat.bootstrap.cleanup` (DATABASE_URL,
+CLEANUP_BATCH_SIZE, CLEANUP_PAUSE_FACTOR: the one settings object,
+memchat.config).
 
 Example:
-    cleanup = Cleanup.for_settings(settings)
+    cleanup = bootstrap.cleanup(settings)
     result = cleanup.run(TimeBudget(max_seconds=60))  # or cleanup.dry_run()
 """
 
@@ -78,7 +79,6 @@ from memchat import store
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.typing import LambdaContext
 
-    from memchat.config import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -361,15 +361,6 @@ class Cleanup:
             raise ValueError("batch_size must be >= 1")
         if self.pause_factor < 0:
             raise ValueError("pause factor must be >= 0")
-
-    @classmethod
-    def for_settings(cls, settings: Settings) -> Cleanup:
-        """As configured: DATABASE_URL, CLEANUP_BATCH_SIZE, CLEANUP_PAUSE_FACTOR."""
-        return cls(
-            settings.database_url,
-            batch_size=settings.cleanup_batch_size,
-            pause_factor=settings.cleanup_pause_factor,
-        )
 
     def run(self, budget: TimeBudget = NO_LIMIT) -> CleanupResult:
         """Delete expired sessions until none is left, a batch rolls back, or

@@ -112,18 +112,6 @@ class Summarizer:
     clock: Callable[[], float] = time.monotonic
     _next_start: float = field(default=0.0, init=False, repr=False)
 
-    @classmethod
-    def for_settings(cls, settings: Settings) -> Summarizer:
-        """A worker for `settings` (DATABASE_URL: the memchat_worker role's)."""
-        from memchat.model.client import ModelClient
-        from memchat.store.db import Database
-
-        return cls(
-            db=Database(settings.database_url, settings.db_max_connections),
-            model=ModelClient.for_settings(settings),
-            settings=settings,
-        )
-
     async def close(self) -> None:
         await self.db.close()
         await self.model.close()

@@ -6,7 +6,8 @@ from fastapi import APIRouter
 
 from memchat import store
 from memchat.api.deps import CurrentUser, State
-from memchat.api.schemas import AccountDeleted, DeletedCounts, error_responses
+from memchat.api.schemas import error_responses
+from memchat.api.schemas.account import AccountDeleted, DeletedCounts
 
 router = APIRouter(tags=["account"])
 

@@ -8,16 +8,8 @@ from fastapi import APIRouter, Header, Request, Response
 
 from memchat.api import sse
 from memchat.api.deps import CurrentUser, State
-from memchat.api.schemas import (
-    ChatBody,
-    ChatResponse,
-    MemoryInfo,
-    SessionMeta,
-    Usage,
-    UuidHeader,
-    error_responses,
-    parse_session_id,
-)
+from memchat.api.schemas import UuidHeader, error_responses, parse_session_id
+from memchat.api.schemas.chat import ChatBody, ChatResponse, MemoryInfo, SessionMeta, Usage
 from memchat.usecases.chat import ChatRequest, ChatResult, one_session_id
 from memchat.usecases.streaming import StreamedTurn
 

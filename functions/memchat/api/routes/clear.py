@@ -5,12 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from memchat.api.deps import CurrentUser, State
-from memchat.api.schemas import (
-    ClearSessionBody,
-    ClearSessionResponse,
-    error_responses,
-    parse_session_id,
-)
+from memchat.api.schemas import error_responses, parse_session_id
+from memchat.api.schemas.sessions import ClearSessionBody, ClearSessionResponse
 from memchat.usecases import sessions
 
 router = APIRouter(tags=["chat"])

@@ -9,13 +9,8 @@ from fastapi import APIRouter, Path
 
 from memchat import store
 from memchat.api.deps import CurrentUser, State
-from memchat.api.schemas import (
-    INT8_MAX,
-    FeedbackBody,
-    FeedbackDeleted,
-    FeedbackOut,
-    error_responses,
-)
+from memchat.api.schemas import INT8_MAX, error_responses
+from memchat.api.schemas.feedback import FeedbackBody, FeedbackDeleted, FeedbackOut
 from memchat.errors import MessageNotFound
 
 router = APIRouter(tags=["feedback and stats"])

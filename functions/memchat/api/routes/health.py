@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 
 from memchat import store
 from memchat.api.deps import State
-from memchat.api.schemas import HealthOut
+from memchat.api.schemas import HealthOut, error_responses
 from memchat.errors import DatabaseUnavailable
 
 router = APIRouter(tags=["health"])
@@ -16,7 +16,10 @@ router = APIRouter(tags=["health"])
 @router.get(
     "/health",
     response_model=HealthOut,
-    responses={503: {"model": HealthOut, "description": "The database is unreachable"}},
+    responses={
+        400: error_responses()[400],
+        503: {"model": HealthOut, "description": "The database is unreachable"},
+    },
 )
 async def health(state: State) -> HealthOut | JSONResponse:
     """`{"status": "ok", "database": "ok"}`, or 503 when the database is unreachable."""

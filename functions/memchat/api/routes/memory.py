@@ -7,14 +7,14 @@ from fastapi import APIRouter
 
 from memchat import store
 from memchat.api.deps import AgentQuery, CurrentUser, State
-from memchat.api.schemas import (
+from memchat.api.schemas import error_responses
+from memchat.api.schemas.memory import (
     NotesBody,
     NotesDeleted,
     NotesOut,
     NotesVersionOut,
     NotesVersions,
     RestoreNotesBody,
-    error_responses,
 )
 from memchat.usecases.notes import replace_notes, restore_notes
 

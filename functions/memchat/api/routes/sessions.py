@@ -13,7 +13,8 @@ from fastapi import APIRouter, Query
 
 from memchat import store
 from memchat.api.deps import AgentQuery, AnyAgentQuery, CurrentUser, State
-from memchat.api.schemas import SessionOut, SessionPage, error_responses
+from memchat.api.schemas import error_responses
+from memchat.api.schemas.sessions import SessionOut, SessionPage
 from memchat.errors import BadRequest, SessionNotFound
 
 router = APIRouter(tags=["sessions"])

@@ -10,13 +10,8 @@ from fastapi import APIRouter
 
 from memchat import store
 from memchat.api.deps import AnyAgentQuery, CurrentUser, State
-from memchat.api.schemas import (
-    SessionStatsOut,
-    StatsOut,
-    UuidText,
-    error_responses,
-    parse_session_id,
-)
+from memchat.api.schemas import UuidText, error_responses, parse_session_id
+from memchat.api.schemas.feedback import SessionStatsOut, StatsOut
 from memchat.errors import SessionNotFound
 
 router = APIRouter(tags=["feedback and stats"])

@@ -1,20 +1,5 @@
-"""The per-instance set-up both HTTP entry points share, and its SnapStart hooks.
-
-`build_app()` fetches the secrets this function's ROUTE_GROUPS need,
-validates the settings (a misconfigured function fails here with a message
-that names the variable; so does an EMBEDDING_DIMENSIONS the database's
-embedding column does not have), configures the logs and builds the app with
-only those route groups. It runs once per Lambda instance: at import in
-`memchat.handlers.http` (mangum, behind API Gateway) and at start-up in
-`memchat.handlers.stream` (uvicorn, behind the Lambda Web Adapter). Importing
-this module does nothing by itself.
-
-What the first request needs but building the app does not (PyJWT, the
-openai SDK, the tokenizer) is left to first use, so the chat handler's
-import stays within its cold-start budget (docs/benchmarks.md); with Lambda
-SnapStart it is all made before the snapshot.
-
-Lambda SnapStart (docs/snapstart.md): Lambda runs the init phase once, when
+"""Lambda SnapStart (docs/snapstart.md): what an instance does before its
+snapshot and after a restore. Lambda runs the init phase once, when
 a version is published, snapshots the initialised microVM and starts every
 new instance of that version from the snapshot instead of importing the
 handler again. What the init phase leaves in memory is then shared by every
@@ -45,12 +30,11 @@ registration; after a restore: the order of registration): the tests do, and
 so can a person checking what the hooks do (docs/snapstart.md). Without
 SnapStart the hooks are registered and never run: nothing changes.
 
-`install_snapstart_hooks(app)` registers them for an app:
-`memchat.handlers.http` (the API Gateway functions) does at import. The
-streaming functions' server runs behind the Lambda Web Adapter, in a process
-of its own that the runtime's hooks never reach; `memchat.handlers.stream`
-serves the same two steps as HTTP hooks the adapter calls (`warm_and_close`,
-`forget_connections`).
+`install(app)` registers them for an app: `memchat.handlers.http` (the API
+Gateway functions) does at import. The streaming functions' server runs
+behind the Lambda Web Adapter, in a process of its own that the runtime's
+hooks never reach; it serves the same two steps as HTTP hooks the adapter
+calls (`warm_and_close`, `forget_connections`; memchat.api.streamed).
 """
 
 from __future__ import annotations
@@ -59,12 +43,8 @@ import asyncio
 import importlib
 import logging
 import random
-import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
-
-from memchat import observability, secrets
-from memchat.api.main import create_app
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -74,31 +54,6 @@ if TYPE_CHECKING:
     from memchat.config import RouteGroup
 
 logger = logging.getLogger(__name__)
-
-
-# FastAPI imports `pydantic.v1` as it creates each route, only to refuse
-# pydantic v1 models; neither memchat nor anything it deploys has one. Marked
-# absent (None in sys.modules: an import of it raises ModuleNotFoundError,
-# which FastAPI takes as "no pydantic v1 here"), the 17-34 ms that import
-# costs are left out of every cold start (docs/benchmarks.md). Only a module
-# that is not loaded yet is marked.
-UNUSED_MODULES = ("pydantic.v1",)
-
-
-def build_app() -> FastAPI:
-    for name in UNUSED_MODULES:
-        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
-    settings = secrets.load_settings()
-    observability.configure(settings.log_level)
-    app = create_app(settings)
-    if settings.serves("chat"):
-        chat = app.state.memchat.chat
-        chat.on_turn = observability.record_turn
-        chat.recall.check_at_start()
-    return app
-
-
-# ------------------------------------------------------------------ SnapStart
 
 Hook = tuple[Callable[..., object], tuple[Any, ...], dict[str, Any]]
 RUNTIME_MODULE = "snapshot_restore_py"
@@ -151,7 +106,7 @@ def registered_hooks() -> tuple[list[Hook], list[Hook]]:
     return list(_before_snapshot), list(_after_restore)
 
 
-def install_snapstart_hooks(app: FastAPI) -> None:
+def install(app: FastAPI) -> None:
     """Register the SnapStart hooks for this app (once per process: at the handler's import)."""
     register_before_snapshot(before_snapshot, app)
     register_after_restore(after_restore, app)
@@ -194,7 +149,11 @@ def forget_connections(app: FastAPI) -> None:
 
 def _warm_imports(state: AppState) -> None:
     """Import now what the request path imports on first use, and build the tokenizer."""
+    from memchat import store
+
     modules = ["jwt"]  # the token check (memchat.auth imports it on first use)
+    # The store's modules load on first use too (memchat.store).
+    modules += [f"memchat.store.{name}" for name in sorted(store.SUBMODULES)]
     if state.model is not None:
         # The model client (memchat.model.client imports these on first use).
         modules += ["openai", "httpx2", "memchat.model.embeddings"]
@@ -206,7 +165,7 @@ def _warm_imports(state: AppState) -> None:
     if state.model is not None:
         from memchat.model.tokens import counter_for_model
 
-        # Every turn counts tokens: build the tokenizer (~50 ms) once, here.
+        # Every turn counts tokens: build the tokenizer once, here.
         counter_for_model(state.settings.openai_model)
 
 
