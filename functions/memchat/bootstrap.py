@@ -10,8 +10,11 @@ Every entry point gets what it runs from here:
   the same app, behind the streamed-routes-only guard (memchat.api.streamed);
 - `dev_app(settings)`: `memchat dev`: the app and the chat page at /;
 - `app(settings)`: the app for settings as they are (the tests);
-- `summarizer(settings)`: the rolling summary worker (its function, `memchat
-  summarize`, `memchat dev`'s background worker);
+- `summarizer(settings)`: the rolling summary worker;
+- `embedder(settings)`: the embedding backfill (`memchat db reembed`);
+- `worker(settings)`: both, sharing a connection and the model client, run
+  one after the other (the SummaryFunction, `memchat summarize`, `memchat
+  dev`'s background worker);
 - `cleanup(settings)`: the TTL cleanup (its function, `memchat cleanup`).
 
 The app's parts, for one process: `services(settings)` (the database, the
@@ -38,6 +41,9 @@ if TYPE_CHECKING:
     from memchat.api.state import AppState
     from memchat.api.streamed import StreamedRoutesOnly
     from memchat.config import Settings
+    from memchat.model.client import ModelClient
+    from memchat.store.db import Database
+    from memchat.usecases.backfill import Embedder
     from memchat.usecases.chat import ChatResult
     from memchat.usecases.cleanup import Cleanup
     from memchat.usecases.summarize import Summarizer
@@ -141,15 +147,41 @@ def dev_app(settings: Settings) -> FastAPI:
 
 def summarizer(settings: Settings) -> Summarizer:
     """The rolling summary worker for `settings` (DATABASE_URL: the memchat_worker role's)."""
-    from memchat.model.client import ModelClient
-    from memchat.store.db import Database
     from memchat.usecases.summarize import Summarizer
 
-    return Summarizer(
-        db=Database(settings.database_url, settings.db_max_connections),
-        model=ModelClient.for_settings(settings),
-        settings=settings,
+    db, model = _worker_parts(settings)
+    return Summarizer(db=db, model=model, settings=settings)
+
+
+def embedder(settings: Settings) -> Embedder:
+    """The embedding backfill for `settings` (DATABASE_URL: the memchat_worker
+    role's, or the owner's for `memchat db reembed`)."""
+    from memchat.usecases.backfill import Embedder
+
+    db, model = _worker_parts(settings)
+    return Embedder(db=db, model=model, settings=settings)
+
+
+def worker(settings: Settings) -> tuple[Summarizer, Embedder]:
+    """The summary worker and the embedding backfill, to run one after the
+    other, on one connection pool and one model client (closing either closes
+    both)."""
+    from memchat.usecases.backfill import Embedder
+    from memchat.usecases.summarize import Summarizer
+
+    db, model = _worker_parts(settings)
+    return (
+        Summarizer(db=db, model=model, settings=settings),
+        Embedder(db=db, model=model, settings=settings),
     )
+
+
+def _worker_parts(settings: Settings) -> tuple[Database, ModelClient]:
+    from memchat.model.client import ModelClient
+    from memchat.store.db import Database
+
+    db = Database(settings.database_url, settings.db_max_connections)
+    return db, ModelClient.for_settings(settings)
 
 
 def cleanup(settings: Settings) -> Cleanup:

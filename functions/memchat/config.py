@@ -104,15 +104,16 @@ def secret_settings(route_groups: Iterable[str], job: Job | None = None) -> tupl
     running `job` (then it serves none).
 
     Every process connects to the database; the HTTP functions check tokens;
-    only chat and the summary worker call the model, so only they read
-    OPENAI_API_KEY.
+    only chat and the summary worker (which also runs the embedding backfill)
+    call the model and make embeddings, so only they read OPENAI_API_KEY and
+    EMBEDDING_API_KEY.
     """
     groups = set() if job else set(route_groups)
     names: tuple[str, ...] = ("database_url",)
     if groups:
         names += ("supabase_jwt_secret",)
     if "chat" in groups or job == "summaries":
-        names += ("openai_api_key",)
+        names += ("openai_api_key", "embedding_api_key")
     return names
 
 
@@ -165,11 +166,34 @@ class Settings(BaseModel):
     memory_recall_k: int = Field(default=3, ge=0, le=10)
     # Cosine similarity below which a recalled message is dropped.
     memory_recall_min_score: float = Field(default=0.3, ge=-1, le=1)
+    # Recall also finds rounds (a message with its answer) by the message's
+    # words (Postgres full text), fused with the nearest by meaning.
+    memory_recall_words: bool = True
+    # A time expression in the message ("last week") adds that period's
+    # nearest to recall's candidates (memchat.timeref).
+    memory_recall_time: bool = True
+    # The backfill gives a message that says several things a recall key per
+    # sentence about the user (messages.fact_sentences): more embeddings
+    # (about 1.5 per user message), better recall. 0: none are made.
+    memory_recall_facts: bool = True
+    # Embeddings come from any OpenAI-compatible `POST /embeddings`: this
+    # model (recorded with every stored embedding: vectors of different
+    # models are never compared), at EMBEDDING_BASE_URL with EMBEDDING_API_KEY
+    # (both default to the chat model's: OPENAI_BASE_URL, OPENAI_API_KEY).
     openai_embedding_model: str = Field(default="text-embedding-3-small", min_length=1)
-    # The stored column's size (migration *_recall.sql: vector(512)); checked at start.
+    embedding_base_url: str | None = None
+    embedding_api_key: str | None = None
+    # The stored column's size (migration *_recall.sql: vector(512)); checked
+    # at start (`memchat db reembed --dimensions N` changes it).
     embedding_dimensions: int = Field(default=512, ge=1, le=16000)
+    # Put before the text embedded: a search's (the new message, recalling)
+    # and a stored message's. e5 models want "query: " and "passage: ".
+    embedding_query_prefix: str = ""
+    embedding_document_prefix: str = ""
     # An embedding slower than this is given up: the turn answers without recall.
     embedding_timeout_seconds: float = Field(default=2.0, gt=0, le=60)
+    # Messages per embeddings request of the backfill (usecases/backfill.py).
+    embedding_batch_size: int = Field(default=64, ge=1, le=2048)
 
     # Rolling summaries (usecases/summarize.py): a session becomes due once
     # this many messages beyond its window are not in its summary yet.
@@ -215,6 +239,17 @@ class Settings(BaseModel):
     export_rate_burst: int = Field(default=3, ge=1, le=100_000)
     erase_rate_per_minute: float = Field(default=0.1, ge=0, le=100_000)
     erase_rate_burst: int = Field(default=2, ge=1, le=100_000)
+    # History imports (POST /sessions/import): one token per request, whatever
+    # it holds; `memchat import` waits out a 429 and goes on.
+    import_rate_per_minute: float = Field(default=6, ge=0, le=100_000)
+    import_rate_burst: int = Field(default=10, ge=1, le=100_000)
+    # What one import request may hold (413 beyond, naming the limit): its
+    # body (every other request's is capped at 1 MB; `memchat import` splits a
+    # larger file into requests), its sessions, and any one session's messages
+    # (a session is stored in one transaction, so this bounds a transaction).
+    import_max_bytes: int = Field(default=30_000_000, ge=1_000_000, le=1_000_000_000)
+    import_max_sessions: int = Field(default=1000, ge=1, le=100_000)
+    import_max_messages_per_session: int = Field(default=10_000, ge=1, le=1_000_000)
     # Supabase anonymous sign-ins (is_anonymous: true) carry role=authenticated
     # too; they are refused (401) unless this is set.
     allow_anonymous_users: bool = False
@@ -231,7 +266,13 @@ class Settings(BaseModel):
     db_idle_in_transaction_timeout_ms: int = Field(default=60_000, ge=100, le=3_600_000)
 
     @field_validator(
-        "supabase_url", "supabase_jwt_secret", "openai_api_key", "openai_base_url", mode="before"
+        "supabase_url",
+        "supabase_jwt_secret",
+        "openai_api_key",
+        "openai_base_url",
+        "embedding_api_key",
+        "embedding_base_url",
+        mode="before",
     )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
@@ -274,17 +315,21 @@ class Settings(BaseModel):
         ):
             raise ValueError("SUPABASE_JWT_SECRET must be the project's JWT secret (>= 32 chars)")
         if not self.calls_model:
-            # Narrowed: a process that never calls the model never holds its key.
-            self.openai_api_key = None
+            # Narrowed: a process that never calls the model never holds its keys.
+            self.openai_api_key = self.embedding_api_key = None
             return self
         key = self.openai_api_key
         if key is None and not self.offline_model:
             raise ValueError("set OPENAI_API_KEY (or run `memchat dev` for the offline responder)")
-        if key is not None and is_placeholder(key, "OPENAI_API_KEY"):
-            raise ValueError(
-                "OPENAI_API_KEY looks like a placeholder, not an API key: set the real key"
-                " (a server that ignores keys still needs a real-looking value, e.g. 'local')"
-            )
+        for variable, value in (
+            ("OPENAI_API_KEY", key),
+            ("EMBEDDING_API_KEY", self.embedding_api_key),
+        ):
+            if value is not None and is_placeholder(value, variable):
+                raise ValueError(
+                    f"{variable} looks like a placeholder, not an API key: set the real key"
+                    " (a server that ignores keys still needs a real-looking value, e.g. 'local')"
+                )
         return self
 
     def serves(self, group: RouteGroup) -> bool:
@@ -295,6 +340,13 @@ class Settings(BaseModel):
     def calls_model(self) -> bool:
         """Whether this process talks to the model (and so holds OPENAI_API_KEY)."""
         return self.serves("chat") or self.job == "summaries"
+
+    @property
+    def embeddings_shared(self) -> bool:
+        """Whether embeddings come from the chat model's provider (EMBEDDING_BASE_URL
+        and EMBEDDING_API_KEY unset, or the same as OPENAI_BASE_URL and OPENAI_API_KEY)."""
+        url, key = self.embedding_base_url, self.embedding_api_key
+        return url in (None, self.openai_base_url) and key in (None, self.openai_api_key)
 
     @property
     def jwt_issuer(self) -> str | None:

@@ -166,3 +166,18 @@ class AuthUnavailable(MemchatError):
 class UpstreamTimeout(MemchatError):
     status, code = 504, "model_timeout"
     detail = "The model took too long to answer; nothing was stored. Please retry."
+
+
+class RecallUnavailable(MemchatError):
+    status, code = 503, "recall_unavailable"
+    detail = "Memory search is unavailable right now (the embeddings provider); please retry."
+
+
+class RecallOff(MemchatError):
+    status, code = 409, "recall_disabled"
+    detail = "Memory is off on this deployment (MEMORY_ENABLED=0)."
+
+
+class NaiveTime(BadRequest):
+    code = "invalid_as_of"
+    detail = "as_of needs a time zone, e.g. 2023-05-30T23:40:00Z."

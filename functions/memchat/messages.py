@@ -9,6 +9,7 @@ Built here by hand so the API does not import LangChain.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 ROLE_BY_TYPE = {"human": "user", "ai": "assistant", "tool": "tool", "system": "system"}
@@ -108,6 +109,82 @@ def content_text(content: Any) -> str:
         if isinstance(p, str) or (isinstance(p, dict) and p.get("type", "text") == "text")
     ]
     return "".join(parts)
+
+
+def embedding_text(user_message: str) -> str:
+    """The text embedded for a stored user message (recall finds messages by
+    it): today the message's own text. The one place that says so, for a
+    turn's embedding (usecases/recall.py) and the backfill's
+    (usecases/backfill.py); which messages get one is SQL's
+    memchat.embeddable (user messages with text)."""
+    return user_message
+
+
+# A sentence ends at . ! or ? followed by space and a capital (or a quote).
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
+# What the user says about themselves: first-person words.
+_FIRST_PERSON = re.compile(r"\b(I|I'm|I've|I'd|I'll|my|me|mine|we|our)\b")
+FACT_MIN_CHARS, FACT_MAX_CHARS = 20, 400
+
+
+def fact_sentences(user_message: str) -> list[str]:
+    """The extra recall keys of a stored user message: when it says several
+    things, each sentence in which the user speaks of themselves ("By the
+    way, I got my engagement ring resized"), 20-400 characters, in order,
+    each once. A message of one sentence has none (its own embedding is that
+    sentence's). Each key is embedded and points at its message: a question
+    about one of the things said then finds the message, however much else
+    it says (memchat.message_facts; LongMemEval's fact-augmented keys, by a
+    rule instead of a model)."""
+    sentences = [part.strip() for part in _SENTENCE_END.split(user_message) if part.strip()]
+    if len(sentences) < 2:
+        return []
+    found = [
+        sentence
+        for sentence in sentences
+        if FACT_MIN_CHARS <= len(sentence) <= FACT_MAX_CHARS and _FIRST_PERSON.search(sentence)
+    ]
+    return list(dict.fromkeys(found))
+
+
+# A message with fewer content words than this (words of three letters or
+# more that are not function words) is a follow-up ("and her age?", "why
+# not?", "what about Paris?"): recall searches with the previous exchange too.
+FOLLOW_UP_WORDS = 2
+_WORD = re.compile(r"[^\W\d_]{3,}")
+_FUNCTION_WORDS_TEXT = (
+    "the and but for nor yet what when where which who whom whose why how "
+    "about are was were been being have has had does did doing can could "
+    "would should will shall may might must this that these those there "
+    "here then than with from into onto over under again also just not any "
+    "some all both each more most other such only own same too very her "
+    "hers his him she they them their theirs its our ours your yours mine "
+    "you one ones it's that's what's okay yes yeah sure thanks thank please"
+)
+_FUNCTION_WORDS = frozenset(_FUNCTION_WORDS_TEXT.split())
+# How much of the previous answer a follow-up's query takes.
+FOLLOW_UP_ANSWER_CHARS = 500
+
+
+def follow_up_query(user_message: str, window: list[dict[str, Any]]) -> str | None:
+    """What recall searches with when `user_message` is too short to mean
+    much alone: the previous exchange of the window (oldest first: its last
+    user message, and the first FOLLOW_UP_ANSWER_CHARS of the answer after
+    it) and the message. None: the message is long enough, or nothing
+    precedes it."""
+    words = [w for w in _WORD.findall(user_message.lower()) if w not in _FUNCTION_WORDS]
+    if len(words) >= FOLLOW_UP_WORDS:
+        return None
+    for index in range(len(window) - 1, -1, -1):
+        if window[index].get("type") == "human":
+            question = text_of(window[index])
+            answer = next(
+                (text_of(m) for m in window[index + 1 :] if m.get("type") == "ai" and text_of(m)),
+                "",
+            )
+            parts = [question, answer[:FOLLOW_UP_ANSWER_CHARS], user_message]
+            return "\n".join(part for part in parts if part.strip())
+    return None
 
 
 def to_openai(message: dict[str, Any]) -> dict[str, Any] | None:

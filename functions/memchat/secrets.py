@@ -1,4 +1,5 @@
-"""Secrets read at run time: DATABASE_URL, OPENAI_API_KEY, SUPABASE_JWT_SECRET.
+"""Secrets read at run time: DATABASE_URL, OPENAI_API_KEY, EMBEDDING_API_KEY,
+SUPABASE_JWT_SECRET.
 
 A deployed function is given only where each secret lives, never its value:
 `<NAME>_SECRET_ARN` (AWS Secrets Manager) or `<NAME>_PARAMETER` (an SSM
@@ -13,8 +14,9 @@ variable's name as a key (what the Secrets Manager console's key/value
 editor writes), e.g. `{"DATABASE_URL": "postgresql://..."}`.
 
 Each function reads only the secrets it uses: `load_settings` fetches those
-its ROUTE_GROUPS need (`config.secret_settings`: no OPENAI_API_KEY unless it
-serves chat), and template.yaml grants each function's role exactly those.
+its ROUTE_GROUPS need (`config.secret_settings`: no OPENAI_API_KEY or
+EMBEDDING_API_KEY unless it serves chat or runs the summary worker), and
+template.yaml grants each function's role exactly those.
 The cleanup function reads its own DATABASE_URL (the memchat_cleanup role's)
 and nothing else.
 
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
     from memchat.config import Settings
 
 # Settings fields whose values may live in a secret store.
-SECRET_SETTINGS = ("database_url", "openai_api_key", "supabase_jwt_secret")
+SECRET_SETTINGS = ("database_url", "openai_api_key", "embedding_api_key", "supabase_jwt_secret")
 
 Fetch = Callable[[str], str | bytes | dict[str, Any]]
 
@@ -128,7 +130,7 @@ def load_settings(**overrides: object) -> Settings:
     """Settings from the environment, with secret-store values filled in.
 
     Only the secrets this process needs are fetched (`job`: a scheduled job's;
-    else its ROUTE_GROUPS': the model key only where chat is served), whatever
+    else its ROUTE_GROUPS': the model keys only where chat is served), whatever
     else the environment points at.
     """
     job = next((j for j in get_args(Job) if j == overrides.get("job")), None)

@@ -11,9 +11,11 @@ bucket a request uses:
 - chat: POST /chat
 - write: PUT and DELETE /memory, POST /memory/restore, POST /chat/clear-session,
   POST and DELETE /chat/feedback
-- read: GET /chat/export/{session_id}, GET /chat/stats, GET /chat/stats/{session_id}
+- read: GET /chat/export/{session_id}, GET /chat/stats, GET /chat/stats/{session_id},
+  GET /memory/search
 - export: GET /export (everything the user has)
 - erase: DELETE /me
+- import: POST /sessions/import (a history import, however many sessions it holds)
 
 A bucket outlives the user's data (DELETE /me keeps it), so deleting the
 account's data cannot reset a throttle; it goes with the user (auth.users).
@@ -35,6 +37,7 @@ class Bucket(StrEnum):
     READ = "read"
     EXPORT = "export"
     ERASE = "erase"
+    IMPORT = "import"
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,10 @@ OFF = Rate(0, 1)
 _WHAT = {
     Bucket.CHAT: "chat messages",
     Bucket.WRITE: "changes",
-    Bucket.READ: "session exports and stats requests",
+    Bucket.READ: "session exports, stats requests and memory searches",
     Bucket.EXPORT: "exports of all your data",
     Bucket.ERASE: "requests to delete your data",
+    Bucket.IMPORT: "history imports",
 }
 
 

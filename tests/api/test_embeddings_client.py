@@ -60,7 +60,7 @@ def norm(vector: list[float]) -> float:
 async def test_embed_returns_a_unit_vector_of_embedding_dimensions(
     client: ModelClient, model: FakeOpenAI
 ) -> None:
-    vector = await client.embed(TEXT)
+    vector = await client.embed(TEXT, "query")
     assert len(vector) == 512
     assert all(isinstance(v, float) for v in vector)
     assert norm(vector) == pytest.approx(1.0)
@@ -83,7 +83,7 @@ async def test_the_request_carries_the_configured_model_and_dimensions(
     client = model_client_for(
         model.url, openai_embedding_model="nomic-embed-text", embedding_dimensions=64
     )
-    vector = await client.embed("hello there")
+    vector = await client.embed("hello there", "query")
     assert len(vector) == 64
     request = model.embedding_requests[-1]
     assert (request["model"], request["dimensions"], request["encoding_format"]) == (
@@ -100,15 +100,15 @@ async def test_the_vector_is_l2_normalised(
     # unit vector: cosine similarity is then the dot product.
     client = model_client_for(model.url, embedding_dimensions=4)
     model.script_embeddings({"vector": [3, 4, 0, 0]}, {"vector": [1e300, -1e300, 1e300, 0.0]})
-    assert await client.embed("a") == pytest.approx([0.6, 0.8, 0.0, 0.0])
+    assert await client.embed("a", "query") == pytest.approx([0.6, 0.8, 0.0, 0.0])
     third = 1 / math.sqrt(3)
-    assert await client.embed("b") == pytest.approx([third, -third, third, 0.0])
+    assert await client.embed("b", "query") == pytest.approx([third, -third, third, 0.0])
 
 
 async def test_similar_texts_have_a_high_dot_product(client: ModelClient) -> None:
-    stored = await client.embed("my favourite colour is teal")
-    query = await client.embed("what is my favourite colour?")
-    other = await client.embed("the quarterly revenue report is due on Friday")
+    stored = await client.embed("my favourite colour is teal", "document")
+    query = await client.embed("what is my favourite colour?", "query")
+    other = await client.embed("the quarterly revenue report is due on Friday", "query")
     assert sum(a * b for a, b in zip(stored, query, strict=True)) > 0.3
     assert abs(sum(a * b for a, b in zip(other, query, strict=True))) < 0.15
 
@@ -117,7 +117,7 @@ async def test_text_the_sdk_cannot_encode_is_repaired_before_sending(
     client: ModelClient, model: FakeOpenAI
 ) -> None:
     # A lone surrogate makes the SDK raise UnicodeEncodeError; NUL means nothing.
-    vector = await client.embed("caf\ud800 au\x00 lait")
+    vector = await client.embed("caf\ud800 au\x00 lait", "query")
     assert len(vector) == 512
     assert model.embedding_requests[-1]["input"] == "caf\ufffd au lait"
 
@@ -125,7 +125,7 @@ async def test_text_the_sdk_cannot_encode_is_repaired_before_sending(
 async def test_an_empty_text_is_not_sent(client: ModelClient, model: FakeOpenAI) -> None:
     for text in ["", "   \n", "\x00"]:
         with pytest.raises(EmbeddingUnavailable, match="empty"):
-            await client.embed(text)
+            await client.embed(text, "query")
     assert model.embedding_requests == []
 
 
@@ -139,7 +139,7 @@ async def test_embeddings_never_take_chat_replies_and_run_alongside_chat(
     model.script_embeddings({"status": 500})
     answer, embedding = await asyncio.gather(
         client.complete([{"role": "user", "content": "hi"}]),
-        client.embed(TEXT),
+        client.embed(TEXT, "query"),
         return_exceptions=True,
     )
     assert not isinstance(answer, BaseException) and answer.content == "the chat reply"
@@ -148,7 +148,7 @@ async def test_embeddings_never_take_chat_replies_and_run_alongside_chat(
 
     # The next embedding is the default again; the chat queue is untouched by it.
     model.script({"content": "second"})
-    assert len(await client.embed(TEXT)) == 512
+    assert len(await client.embed(TEXT, "query")) == 512
     assert (await client.complete([{"role": "user", "content": "hi"}])).content == "second"
     assert model.calls == 2 and len(model.embedding_requests) == 2
 
@@ -159,7 +159,7 @@ async def test_chat_keeps_its_retries_after_an_embedding_failed(
     # The embedding's no-retry options are a copy: the chat client still retries.
     model.script_embeddings({"status": 500})
     with pytest.raises(EmbeddingUnavailable):
-        await client.embed(TEXT)
+        await client.embed(TEXT, "query")
     model.script({"status": 500}, {"content": "after a retry"})
     assert (await client.complete([{"role": "user", "content": "hi"}])).content == "after a retry"
     assert model.calls == 2 and len(model.embedding_requests) == 1
@@ -225,7 +225,7 @@ async def test_a_failure_is_embedding_unavailable_after_one_request(
         caplog.at_level(logging.WARNING, logger=LOGGER),
         pytest.raises(EmbeddingUnavailable) as raised,
     ):
-        await client.embed(TEXT)
+        await client.embed(TEXT, "query")
     assert raised.value.reason and TEXT not in raised.value.reason
     assert len(model.embedding_requests) == 1  # no retry
     assert model.calls == 0
@@ -237,7 +237,7 @@ async def test_a_failure_is_embedding_unavailable_after_one_request(
 async def test_http_errors_name_their_status(client: ModelClient, model: FakeOpenAI) -> None:
     model.script_embeddings({"status": 503})
     with pytest.raises(EmbeddingUnavailable, match="HTTP 503"):
-        await client.embed(TEXT)
+        await client.embed(TEXT, "query")
 
 
 async def test_a_wrong_size_names_embedding_dimensions_and_both_sizes(
@@ -245,7 +245,7 @@ async def test_a_wrong_size_names_embedding_dimensions_and_both_sizes(
 ) -> None:
     model.script_embeddings({"dimensions": 1536})  # a provider that ignores `dimensions`
     with caplog.at_level(logging.WARNING, logger=LOGGER), pytest.raises(EmbeddingUnavailable):
-        await client.embed(TEXT)
+        await client.embed(TEXT, "query")
     [record] = [r for r in caplog.records if r.name == LOGGER]
     assert record.levelno == logging.WARNING
     message = record.getMessage()
@@ -268,7 +268,7 @@ async def test_a_slow_server_is_given_up_after_the_timeout(
     model.script_embeddings(reply)
     started = time.monotonic()
     with pytest.raises(EmbeddingUnavailable, match="timeout"):
-        await client.embed(TEXT)
+        await client.embed(TEXT, "query")
     assert time.monotonic() - started < timeout + 1
     assert len(model.embedding_requests) == 1  # and not retried
 
@@ -282,7 +282,7 @@ async def test_a_refused_connection_is_embedding_unavailable(
     client = model_client_for(f"http://127.0.0.1:{port}/v1")
     started = time.monotonic()
     with pytest.raises(EmbeddingUnavailable, match="connection"):
-        await client.embed(TEXT)
+        await client.embed(TEXT, "query")
     assert time.monotonic() - started < 3
 
 
@@ -326,10 +326,10 @@ def memory(
 async def test_the_offline_client_embeds_with_the_local_embedder(
     offline_client: ModelClient,
 ) -> None:
-    vector = await offline_client.embed(TEXT)
+    vector = await offline_client.embed(TEXT, "query")
     assert vector == pytest.approx(local_embedding(TEXT, 512))
     assert norm(vector) == pytest.approx(1.0)
-    similar = await offline_client.embed("what is my favourite colour?")
+    similar = await offline_client.embed("what is my favourite colour?", "query")
     assert sum(a * b for a, b in zip(vector, similar, strict=True)) > 0.3
 
 

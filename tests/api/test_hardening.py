@@ -107,6 +107,12 @@ ENDPOINTS: dict[
         lambda api, auth, sid, mid: api.get(f"/chat/stats/{sid}", headers=auth),
     ),
     "delete me": ("erase", lambda api, auth, sid, mid: api.delete("/me", headers=auth)),
+    "import history": (
+        "import",
+        lambda api, auth, sid, mid: api.post(
+            "/sessions/import", json={"sessions": [{"messages": []}]}, headers=auth
+        ),
+    ),
 }
 
 
@@ -251,3 +257,46 @@ async def test_every_model_call_has_a_max_tokens(build: Build, model: FakeOpenAI
     await api.post("/chat", json={"message": "streamed", "stream": True}, headers=auth)
     await chat(api, auth, "no memory", use_memory=False)
     assert [r["max_tokens"] for r in model.requests] == [321, 321, 321]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/chat", {"message": "hi", "recall_k": True}),
+        ("/chat", {"message": "hi", "max_history_messages": True}),
+        ("/chat", {"message": "hi", "use_memory": 1}),
+        ("/chat", {"message": "hi", "stream": "true"}),
+        ("/chat", {"message": "hi", "recall_k": "2"}),
+    ],
+)
+async def test_numbers_and_booleans_are_not_coerced(
+    api: ApiClient, path: str, body: dict[str, object]
+) -> None:
+    """`true` is not 1 and "2" is not 2: what the OpenAPI document says is
+    what is accepted (schemathesis found `recall_k: true` answered 200)."""
+    _, auth = api.new_user()
+    response = await api.post(path, json=body, headers=auth)
+    assert response.status_code == 422 and response.json()["error"] == "validation_error"
+
+
+async def test_expected_version_false_is_refused(api: ApiClient) -> None:
+    _, auth = api.new_user()
+    response = await api.put(
+        "/memory", json={"notes": "x", "expected_version": False}, headers=auth
+    )
+    assert response.status_code == 422
+
+
+async def test_an_integral_number_is_an_integer(api: ApiClient) -> None:
+    """JSON Schema's integer includes 2.0, so the API takes it."""
+    _, auth = api.new_user()
+    response = await api.post("/chat", json={"message": "hi", "recall_k": 2.0}, headers=auth)
+    assert response.status_code == 200
+
+
+async def test_a_rating_of_true_is_refused(api: ApiClient) -> None:
+    _, auth = api.new_user()
+    response = await api.post(
+        "/chat/feedback", json={"message_id": True, "rating": 1}, headers=auth
+    )
+    assert response.status_code == 422

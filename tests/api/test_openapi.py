@@ -5,6 +5,7 @@ methods of each path; checked against the schema and by calling the endpoints.
 
 from __future__ import annotations
 
+import json
 import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -12,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from memchat.api.main import MAX_BODY_BYTES
+from memchat.api.routes import imports
 from tests.conftest import make_settings
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import assert_error, chat
@@ -51,6 +54,13 @@ def schema_of(spec: dict[str, Any], ref_or_schema: dict[str, Any]) -> dict[str, 
 def body_schema(spec: dict[str, Any], method: str, path: str) -> dict[str, Any]:
     operation = spec["paths"][path][method.lower()]
     return schema_of(spec, operation["requestBody"]["content"]["application/json"]["schema"])
+
+
+def body_cap(api: ApiClient, method: str, path: str) -> int:
+    """The most bytes a request's body may have there: 1 MB, or an import's own cap."""
+    if (method, path) in imports.LARGE_BODIES:
+        return api.settings.import_max_bytes
+    return MAX_BODY_BYTES
 
 
 def documented(spec: dict[str, Any], method: str, path: str, status: int) -> dict[str, Any]:
@@ -179,7 +189,7 @@ async def test_each_endpoint_documents_the_statuses_it_can_answer(spec: dict[str
         if operation.get("parameters") or "requestBody" in operation:
             expected.add(422)
         if "requestBody" in operation:
-            expected |= {400, 413}  # invalid JSON, body over 1 MB
+            expected |= {400, 413}  # invalid JSON, body over 1 MB (an import's: its own cap)
         assert expected <= statuses, (method, path, sorted(statuses))
     chat_statuses = {int(s) for s in spec["paths"]["/chat"]["post"]["responses"]}
     assert {400, 404, 409, 413, 422, 429, 502, 503, 504} <= chat_statuses
@@ -215,9 +225,8 @@ async def test_what_the_endpoints_answer_is_documented(
             provoked.append((400, r))
             r = await api.request(method, url, json={"unknown_field": 1}, headers=auth)
             provoked.append((422, r))
-            r = await api.request(
-                method, url, content=b"{" + b" " * 1_000_001 + b"}", headers=json_headers
-            )
+            over = b"{" + b" " * (body_cap(api, method, path) - 1) + b"}"
+            r = await api.request(method, url, content=over, headers=json_headers)
             provoked.append((413, r))
         for status, response in provoked:
             assert response.status_code == status, (method, path, response.text)
@@ -261,6 +270,24 @@ async def test_the_throttle_is_a_documented_429_with_retry_after(
         documented(spec, "POST", "/chat", 429)
     finally:
         await api.aclose()
+
+
+async def test_the_import_body_is_described_with_both_forms(spec: dict[str, Any]) -> None:
+    """The route reads its body itself (so a malformed record is a 422 naming
+    it): its schema is the operation's own, either form, nothing left to resolve."""
+    body = spec["paths"]["/sessions/import"]["post"]["requestBody"]
+    assert body["required"] is True
+    schema = body["content"]["application/json"]["schema"]
+    plain, single = schema["anyOf"]
+    assert plain["required"] == ["sessions"] and set(single["required"]) == {"session", "messages"}
+    message = plain["properties"]["sessions"]["items"]["properties"]["messages"]["items"]
+    roles = {option["properties"]["role"]["const"] for option in message["oneOf"]}
+    assert roles == {"user", "assistant", "tool"}
+    user = next(o for o in message["oneOf"] if o["properties"]["role"]["const"] == "user")
+    created_at = user["properties"]["created_at"]
+    assert (created_at["type"], created_at["format"]) == ("string", "date-time")
+    assert "$ref" not in json.dumps(body)
+    assert "Retry-After" in documented(spec, "POST", "/sessions/import", 429)["headers"]
 
 
 # ---------------------------------------------------- methods per path

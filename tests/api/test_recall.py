@@ -134,7 +134,9 @@ async def test_near_duplicates_collapse_into_one_hit(api: ApiClient, model: Fake
     assert [q for q, _ in recalled(model.requests[-1])] == [FACT]
 
 
-async def test_k_bounds_the_hits_best_first(api: ApiClient) -> None:
+async def test_k_bounds_the_hits_best_first(custom_api: Callable[..., ApiClient]) -> None:
+    # By meaning alone (no word match to fuse), best first is by similarity.
+    api = custom_api(memory_recall_words=False)
     _, auth = api.new_user()
     facts = [
         "my favourite colour is teal",
@@ -358,3 +360,107 @@ async def test_context_tokens_count_what_memory_added(
     assert body["memory"]["context_tokens"] == sum(
         count_message(counter, m["content"]) for m in memory_messages
     )
+
+
+# -------------------------------------------------------------- models and prefixes
+
+
+async def test_each_turn_records_the_model_of_its_embedding(
+    custom_api: Callable[..., ApiClient], model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    api = custom_api(openai_embedding_model="nomic-embed-text")
+    user_id, auth = api.new_user()
+    await chat(api, auth, FACT)
+    models = admin.execute(
+        "select model from memchat.message_embeddings where user_id = %s", (user_id,)
+    ).fetchall()
+    assert models == [("nomic-embed-text",)]
+    assert [r["model"] for r in model.embedding_requests] == ["nomic-embed-text"]
+
+
+async def test_after_a_model_change_the_old_models_embeddings_are_not_recalled(
+    custom_api: Callable[..., ApiClient], model: FakeOpenAI
+) -> None:
+    """The fake server embeds alike whatever the model is called: only the
+    recorded model keeps the old vectors out (`memchat db reembed` makes
+    them again)."""
+    before = custom_api(openai_embedding_model="model-one")
+    _, auth = before.new_user()
+    old = await chat(before, auth, FACT)
+    after = custom_api(openai_embedding_model="model-two")
+    body = await chat(after, auth, QUESTION, session_id=str(uuid.uuid4()))
+    assert body["memory"]["recall_status"] == "ok" and body["memory"]["recalled"] == []
+    # Its own turns are recalled again.
+    new = await chat(after, auth, FACT, session_id=str(uuid.uuid4()))
+    body = await chat(after, auth, QUESTION, session_id=str(uuid.uuid4()), recall_k=3)
+    sessions = {r["session_id"] for r in body["memory"]["recalled"]}
+    assert new["session_id"] in sessions and old["session_id"] not in sessions
+
+
+async def test_with_prefixes_the_query_searches_and_the_document_is_stored(
+    custom_api: Callable[..., ApiClient], model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    """e5 models: the new message is embedded twice, as "query: ..." to search
+    with and as "passage: ..." to store; without prefixes, once (above)."""
+    from memchat.model.embeddings import local_embedding
+
+    api = custom_api(embedding_query_prefix="query: ", embedding_document_prefix="passage: ")
+    user_id, auth = api.new_user()
+    first = await chat(api, auth, FACT)
+    body = await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()))
+
+    assert sorted(r["input"] for r in model.embedding_requests) == sorted(
+        [f"query: {FACT}", f"passage: {FACT}", f"query: {QUESTION}", f"passage: {QUESTION}"]
+    )
+    assert [r["session_id"] for r in body["memory"]["recalled"]] == [first["session_id"]]
+    (stored,) = admin.execute(
+        "select e.embedding::text from memchat.message_embeddings e"
+        " join public.chat_message_history h on h.id = e.message_id"
+        " where e.user_id = %s and h.message->'data'->>'content' = %s",
+        (user_id, FACT),
+    ).fetchone()
+    vector = [float(x) for x in stored.strip("[]").split(",")]
+    assert vector == pytest.approx(local_embedding(f"passage: {FACT}", 512), abs=1e-6)
+
+
+async def test_a_short_follow_up_searches_with_the_previous_exchange(
+    api: ApiClient, model: FakeOpenAI
+) -> None:
+    _, auth = api.new_user()
+    earlier = await chat(api, auth, "my sister Ana lives in Lisbon near the river")
+    session = str(uuid.uuid4())
+    await chat(api, auth, "tell me something about my sister Ana", session_id=session)
+    body = await chat(api, auth, "and where?", session_id=session)
+    # "and where?" alone shares nothing with the earlier session; with the
+    # previous exchange it does.
+    assert [r["session_id"] for r in body["memory"]["recalled"]] == [earlier["session_id"]]
+    # The query embedded was the widened one; the stored embedding is the message's own.
+    assert model.embedding_requests[-1]["input"] in (
+        "tell me something about my sister Ana\necho: tell me something about my sister Ana"
+        "\nand where?",
+        [
+            "tell me something about my sister Ana\necho: tell me something about my sister Ana"
+            "\nand where?"
+        ],
+    )
+
+
+async def test_a_message_long_enough_is_searched_alone(api: ApiClient, model: FakeOpenAI) -> None:
+    _, auth = api.new_user()
+    session = str(uuid.uuid4())
+    await chat(api, auth, "tell me something about my sister Ana", session_id=session)
+    before = len(model.embedding_requests)
+    await chat(api, auth, "what does she do for work these days?", session_id=session)
+    assert len(model.embedding_requests) == before + 1  # the message's own, only
+
+
+async def test_a_recalled_exchange_brings_the_one_before_it_into_the_prompt(
+    api: ApiClient, model: FakeOpenAI
+) -> None:
+    _, auth = api.new_user()
+    first = await chat(api, auth, "I adopted a puppy named Rex")
+    await chat(api, auth, "what should a young dog eat", session_id=first["session_id"])
+    await chat(api, auth, "what should a young dog eat?", session_id=str(uuid.uuid4()))
+    recalled_exchanges = remembered(model.requests[-1]).recalled
+    (hit,) = [e for e in recalled_exchanges if e.question == "what should a young dog eat"]
+    assert hit.before == ("I adopted a puppy named Rex", "echo: I adopted a puppy named Rex")

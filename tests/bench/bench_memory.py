@@ -68,6 +68,7 @@ from memchat import messages, store
 from memchat.store.db import Database
 from memchat.throttle import OFF, Rate
 from tests.bench import _common as common
+from tests.bench import bench_recall
 
 AGENT = "default"
 WINDOW = 10
@@ -289,13 +290,15 @@ async def memchat_recall_turn(
     )
     t1 = perf_counter_ns()
     c1 = count()
+    # The embeddings stored by bench_recall.copy_embeddings are of its model.
+    embedding = store.Embedding(bench_recall.MODEL, query)
     hits = await store.recall(
         db,
         s.caller,
         session_id=s.memchat_id,
         agent_name=AGENT,
         window=WINDOW,
-        query=query,
+        query=embedding,
         k=RECALL_K,
         min_score=RECALL_MIN_SCORE,
     )
@@ -310,7 +313,7 @@ async def memchat_recall_turn(
             messages=[human, ai],
             title=None if ctx.session else "benchmark",
             ttl=TTL,
-            embedding=query,
+            embedding=embedding,
         ),
     )
     t3 = perf_counter_ns()
@@ -329,8 +332,6 @@ def embed_sessions(admin: psycopg.Connection[Any], sessions: list[Session], seed
     """An embedding for every human message of the memchat sessions (binary
     COPY); returns each session's queries (new messages on its user's topics)."""
     import numpy as np
-
-    from tests.bench import bench_recall
 
     vectors = bench_recall.Vectors(seed)
     queries = []

@@ -1,10 +1,12 @@
-"""Benchmark: recall - the exact per-user scan, a global HNSW index instead,
-and what recall adds to a turn whose embedding takes 50 ms.
+"""Benchmark: recall - the exact per-user scan (embeddings and fact keys,
+fused with the full-text match of the message's words), a global HNSW index
+instead, and what recall adds to a turn whose embedding takes 50 ms.
 
 Run on demand (pytest does not collect `bench_*.py`):
 
     python tests/bench/bench_recall.py [--sizes 1000,10000,100000]
-        [--other-rows 100000] [--iterations 100] [--warmup 10] [--idle-ms 50]
+        [--other-rows 100000] [--facts-per-message 1.5] [--no-words]
+        [--iterations 100] [--warmup 10] [--idle-ms 50]
         [--ef-search 40,200] [--turns 100] [--turn-sizes 1000,10000]
         [--embed-ms 50] [--latency-ms 1] [--parts query,hnsw,turn] [--explain]
 
@@ -12,57 +14,99 @@ Data: one user per size in --sizes, each with that many stored user
 messages (each with its answer and an embedding), plus --other-rows embedded
 messages of other users (500 each), all in one table, interleaved in time as
 real traffic would be (a user's rows are spread over the heap among everyone
-else's). Sessions of 25 turns, all live; agent "default". Vectors: 512
-dimensions, generated with numpy (a dependency of langchain-postgres, in the
-test extra) and loaded with binary COPY: 1,000 global topics of Zipf-like
-popularity, 40 topics per user; 80% of messages are a topic's centre plus
-noise (cosine ~0.6-0.8 to the centre, ~0.4-0.6 between two messages of one
-topic), 15% random unit vectors, 5% near-repeats of an earlier message of the
-same user (~0.96, which recall collapses). Queries are new messages on the
-user's own topics, so every query has real hits above MEMORY_RECALL_MIN_SCORE.
+else's). Sessions of 25 turns, all live; agent "default". Every embedding
+and fact key is of one model, "bench-model", the queries' too (recall
+compares only rows of the query's model).
+
+Vectors: 512 dimensions, generated with numpy (a dependency of
+langchain-postgres, in the test extra) and loaded with binary COPY: 1,000
+global topics of Zipf-like popularity, 40 topics per user; 80% of messages
+are a topic's centre plus noise (cosine ~0.6-0.8 to the centre, ~0.4-0.6
+between two messages of one topic), 15% random unit vectors, 5% near-repeats
+of an earlier message of the same user (~0.96, which recall collapses).
+Queries are new messages on the user's own topics, so every query has real
+hits above MEMORY_RECALL_MIN_SCORE.
+
+Fact keys (memchat.message_facts): --facts-per-message F keys per message on
+average (Poisson, so ~22% of messages have none at 1.5; LongMemEval's user
+messages have ~1.45), for every user, each the message's vector plus noise
+(cosine ~0.65-0.8 to it), unit length, with the message's session, agent,
+created_at and model; binary COPY, interleaved as the messages are.
+`--facts-per-message 0`: no fact keys (recall reads an empty table).
+
+Texts (full text, memchat.recall's words list): the history's messages are
+"message N: <words>" and their answers "answer N: <words>" (as before, but
+with varied words instead of one lorem-ipsum filler that every round held),
+the words being pronounceable pseudo-words: 12 words of each topic (a
+message on a topic holds 4 of them, its answer 6) and 5,000 common words of
+Zipf-like frequency (p ~ 1 / (rank + 10); 10 in a message, 30 in its answer,
+so the commonest word is in ~47% of rounds, a word of median frequency in
+~3%). A random
+vector's message has no topic words; a near-repeat repeats the earlier
+message's text. Each query's text (`text=`, the turn's message) is 3 words
+of its topic and 5 common words: it shares the topic words with the user's
+rounds on that topic and, through common words, matches about a third of all
+the user's rounds (printed as "rounds holding a word of the query"), as a
+real message's ordinary words do against rounds with long answers (the
+words list then ranks all of those by ts_rank). No message says several
+things (no sentence end), so the insert trigger marks every row's fact keys
+done (facts_model = model) and queues nothing; recall does not read that
+column. No text holds a time expression, so recall's period list stays off
+(period=None, as for most turns). `--no-words`: text=None (the two vector
+lists only), to tell the words list's cost apart.
 
 1. **query**: `store.recall` (k=3, window 10, min score 0.3, from the
-   user's newest session, as a turn calls it) through
-   `memchat.store.db.Database(url, max_connections=1)` on the Unix socket: one
-   round trip as `memchat_user` under row-level security, i.e. the exact
-   ranking of memchat.recall over the btree `(user_id, agent_name)` of the
-   migrations. Median, p95, and the cost per 1,000 rows between sizes;
-   "alone" (one size after the other, back to back: the user's rows stay in
+   user's newest session, as a turn calls it, with the query's text)
+   through `memchat.store.db.Database(url, max_connections=1)` on the Unix
+   socket: one round trip as `memchat_user` under row-level security, i.e.
+   memchat.recall's exact ranking over the btrees `(user_id, agent_name)` of
+   both tables and its GIN index on the lexemes, as the migrations leave
+   them. Median, p95, and the cost per 1,000 rows between sizes; "alone"
+   (one size after the other, back to back: the user's rows stay in
    shared_buffers) and "mixed" (sizes in turn, the client idle --idle-ms
    before each call, as a turn's recall follows its embedding: the largest
    user's scans evict the others' rows, and the server's CPU goes idle).
 2. **hnsw**: builds `create index ... using hnsw (embedding
-   extensions.vector_cosine_ops)` in this benchmark's database only (never in
-   the migrations), then runs the same `store.recall` calls (same function,
-   same RLS filtering) with (a) both indexes, the planner's choice, and (b)
-   the HNSW index alone (the btree dropped), at each `hnsw.ef_search` in
-   --ef-search (set per connection). For each: latency, and recall@k - how
-   many of the exact scan's hits (the caller's true top k) it returned, and
-   how often it returned fewer hits than the exact scan. The btree is
-   recreated and the HNSW index dropped afterwards.
+   extensions.vector_cosine_ops)` on memchat.message_embeddings and (with
+   fact keys) memchat.message_facts in this benchmark's database only (never
+   in the migrations), then runs the same `store.recall` calls (same
+   function, same RLS filtering) with (a) all indexes, the planner's choice,
+   and (b) the HNSW indexes without the owner btrees (dropped), at each
+   `hnsw.ef_search` in --ef-search (set per connection). For each: latency,
+   and recall@k - how many of the exact scan's hits (the caller's true top
+   k of the fused ranking) it returned, and how often it returned fewer hits
+   than the exact scan. The btrees are recreated and the HNSW indexes
+   dropped afterwards.
 3. **turn**: the time from a turn's start until its prompt could be built
    (context and hits in hand), with `ModelClient.embed` (the real client:
    openai SDK, httpx) against a local OpenAI-compatible endpoint of this
    script answering /v1/embeddings exactly --embed-ms after each request
    (`EmbeddingProvider`, keep-alive), and the database through
-   `common.LatencyProxy` (+1 ms per round trip by default):
+   `common.LatencyProxy` (+1 ms per round trip by default); the turn's
+   message is one of the user's query texts and the provider answers with
+   that query's vector:
    - (a) what the product does (usecases/recall.py): the embedding starts,
      `store.load_context` runs meanwhile (round trip 1), then `store.recall`
-     (round trip 2), through the real `Recall`/`PendingRecall` classes;
-   - (a') as (a), but the embedding task gets a few event-loop turns first,
-     so its request is on the wire before load_context's work starts;
-   - (b) the embedding first, then `store.turns.LOAD_CONTEXT` and `store.embeddings.RECALL`
-     pipelined in one round trip (`db.pipeline`, one transaction);
+     (round trip 2), through the real `Recall`/`PendingRecall` classes
+     (`Recall.start` keeps the message for the words list);
+   - (b) the embedding first, then `store.turns.LOAD_CONTEXT` and
+     `store.embeddings.RECALL` (with the message's text and period, as
+     `Recall` passes them) pipelined in one round trip (`db.pipeline`, one
+     transaction);
    - for reference: `store.load_context` alone (recall off) and the
      embedding alone (provider delay + SDK + HTTP).
-   Reported as ms beyond the provider's --embed-ms, and (a)/(a') against
-   (b) turn by turn (all arrangements run in every iteration). load_context
+   Reported as ms beyond the provider's --embed-ms, and (a) against (b)
+   turn by turn (all arrangements run in every iteration). load_context
    takes a throttle token as the API's does (a bucket that never runs dry).
 
-`--explain` prints EXPLAIN (ANALYZE, BUFFERS) of memchat.recall's candidate
-query (copied from the migration, as a prepared statement on its 7th
-execution, so the plan cache has chosen as it does in the function) for each
-size and index arrangement, run as memchat_user with the caller's claims.
+`--explain` prints EXPLAIN (ANALYZE, BUFFERS) of memchat.recall's three
+statements (copied from the migration *_hybrid_recall.sql, as prepared
+statements on their 7th execution, so the plan cache has chosen as it does
+in the function, with the function's enable_bitmapscan setting for each):
+the nearest keys by vector (memchat.recall_keys: embeddings and fact keys),
+the rounds holding the text's words, and the fused candidates with their
+scores, for each size and index arrangement, run as memchat_user with the
+caller's claims.
 
 The database is the embedded PostgreSQL (pgserver, temporary directory)
 unless DATABASE_URL names a disposable one (see `_common.database`). See
@@ -98,7 +142,7 @@ import numpy as np
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from memchat import messages, store
+from memchat import messages, store, timeref
 from memchat.config import load_settings
 from memchat.model.client import ModelClient
 from memchat.store.db import Database
@@ -118,34 +162,92 @@ SHARES = (0.80, 0.15, 0.05)  # topic messages, random vectors, near-repeats
 QUERIES = 50  # distinct queries per user, cycled
 PER_OTHER_USER = 500
 SECONDS_BETWEEN_TURNS = 5  # created_at spacing of the interleaved turns
-HNSW_INDEX = "bench_message_embeddings_hnsw"
-OWNER_INDEX = "message_embeddings_owner_idx"
-OWNER_INDEX_DDL = (
-    f"create index if not exists {OWNER_INDEX} on memchat.message_embeddings (user_id, agent_name)"
-)
+MODEL = "bench-model"  # every stored embedding's and fact key's, and the queries'
+FACTS_PER_MESSAGE = 1.5  # fact keys per message on average (LongMemEval: ~1.45)
+VOCABULARY = 5_000  # common words, Zipf-like
+WORDS_PER_TOPIC = 12
+# (topic words, common words) of each text.
+QUESTION_WORDS = (4, 10)
+ANSWER_WORDS = (6, 30)
+QUERY_WORDS = (3, 5)
+SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+# The HNSW indexes this benchmark builds (never in the migrations), by table.
+HNSW_INDEXES = {
+    "message_embeddings": "bench_message_embeddings_hnsw",
+    "message_facts": "bench_message_facts_hnsw",
+}
+# The owner btrees of the migrations (*_recall.sql, *_hybrid_recall.sql), by name.
+OWNER_INDEXES = {
+    "message_embeddings_owner_idx": (
+        "create index if not exists message_embeddings_owner_idx"
+        " on memchat.message_embeddings (user_id, agent_name)"
+    ),
+    "message_facts_owner_idx": (
+        "create index if not exists message_facts_owner_idx"
+        " on memchat.message_facts (user_id, agent_name)"
+    ),
+}
 # A bucket that never runs dry: the turn pays for the write, never a refusal.
 THROTTLE = Rate(per_minute=1e9, burst=1_000_000)
-FILLER = "lorem ipsum dolor sit amet " * 5
 
-# memchat.recall's candidate query (supabase/migrations/*_recall.sql), for
-# EXPLAIN: a prepared statement whose parameters are the function's variables
-# ($1 v_uid, $2 p_agent_name, $3 p_query, $4 p_session_id, $5 v_floor, $6 p_k),
+# memchat.recall's statements (supabase/migrations/*_hybrid_recall.sql), for
+# EXPLAIN: prepared statements whose parameters are the function's variables,
 # so the plan cache picks custom or generic plans as it does for PL/pgSQL.
-CANDIDATES = """
-prepare bench_candidates (uuid, text, extensions.vector, uuid, bigint, integer) as
-select e.message_id, e.embedding,
-       1 - (e.embedding operator(extensions.<=>) $3) as score
-  from memchat.message_embeddings e
-  join public.chat_sessions s on s.id = e.session_id
- where e.user_id = $1 and e.agent_name = $2
-   and s.status = 'active' and s.expires_at > now()
-   and ($4 is null or e.session_id <> $4
-        or e.message_id < coalesce($5, 9223372036854775807))
- order by e.embedding operator(extensions.<=>) $3
- limit $6 * 4
+# The nearest keys by vector: $1 v_uid, $2 p_agent_name, $3 p_model,
+# $4 p_session_id, $5 v_floor, $6 p_query, $7 v_depth (enable_bitmapscan off).
+MEANING = """
+prepare bench_meaning (uuid, text, text, uuid, bigint, extensions.vector, integer) as
+select array(
+    select k.message_id
+      from (select k.message_id, k.embedding operator(extensions.<=>) $6 as distance
+              from memchat.recall_keys($1, $2, $3, $4, $5) k
+             order by distance
+             limit $7 * 3) k
+     group by k.message_id
+     order by min(k.distance), k.message_id desc
+     limit $7)
 """
+MEANING_TYPES = "uuid, text, text, uuid, bigint, extensions.vector, integer"
+# The rounds holding the words: $1-$5 as above, $6 v_words, $7 v_depth
+# (enable_bitmapscan on).
+WORDS = """
+prepare bench_words (uuid, text, text, uuid, bigint, tsquery, integer) as
+select array(
+    select e.message_id
+      from memchat.message_embeddings e
+      join public.chat_sessions s on s.id = e.session_id and s.user_id = e.user_id
+     where e.user_id = $1 and e.agent_name = $2 and e.model = $3
+       and s.status = 'active' and s.expires_at > now()
+       and ($4 is null or e.session_id <> $4 or e.message_id < $5)
+       and e.lexemes operator(pg_catalog.@@) $6
+     order by ts_rank(e.lexemes, $6, 1) desc, e.message_id desc
+     limit $7)
+"""
+WORDS_TYPES = "uuid, text, text, uuid, bigint, tsquery, integer"
+# The fused candidates, scored: $1 v_meaning, $2 v_matching, $3 v_period,
+# $4 p_query, $5 p_model (enable_bitmapscan on, as the words list left it).
+FUSED = """
+prepare bench_fused (bigint[], bigint[], bigint[], extensions.vector, text) as
+with fused as (
+  select l.id, sum(1.0 / (60 + l.r)) as fused
+    from (select * from unnest($1) with ordinality as a(id, r)
+          union all select * from unnest($2) with ordinality as b(id, r)
+          union all select * from unnest($3) with ordinality as c(id, r)) l
+   group by l.id
+)
+select f.id as message_id, e.embedding, f.fused, f.id = any($2) as worded,
+       1 - least(e.embedding operator(extensions.<=>) $4,
+                 (select min(x.embedding operator(extensions.<=>) $4)
+                    from memchat.message_facts x
+                   where x.message_id = f.id and x.model = $5)) as score
+  from fused f
+  join memchat.message_embeddings e on e.message_id = f.id
+ order by f.fused desc, f.id desc
+"""
+FUSED_TYPES = "bigint[], bigint[], bigint[], extensions.vector, text"
 WINDOW_FLOOR = """
-select min(w.id) from (select h.id from public.chat_message_history h
+select coalesce(min(w.id), 9223372036854775807) from (select h.id
+  from public.chat_message_history h
   where h.user_id = %(uid)s and h.session_id = %(sid)s
     and h.message->>'type' <> 'tool'
     and coalesce(jsonb_array_length(h.message->'data'->'tool_calls'), 0) = 0
@@ -178,26 +280,50 @@ class Vectors:
         """A user's topics, most talked-about first (popular topics are shared)."""
         return self.rng.choice(len(self.centres), TOPICS_PER_USER, replace=False, p=self.popularity)
 
-    def around(self, topics: np.ndarray, n: int) -> np.ndarray:
-        """`n` messages on the user's topics: a centre plus noise of varying size."""
-        picked = self.rng.choice(topics, n, p=self.topic_weights)
+    def pick(self, topics: np.ndarray, n: int) -> np.ndarray:
+        """The topics of `n` messages of a user with these topics."""
+        return self.rng.choice(topics, n, p=self.topic_weights)
+
+    def around(self, picked: np.ndarray) -> np.ndarray:
+        """A message on each topic in `picked`: its centre plus noise of varying size."""
+        n = len(picked)
         spread = self.rng.uniform(0.8, 1.3, (n, 1)).astype(np.float32) / math.sqrt(self.dims)
         noise = self.rng.standard_normal((n, self.dims), dtype=np.float32)
         return unit_rows(self.centres[picked] + spread * noise)
 
-    def messages(self, topics: np.ndarray, n: int) -> np.ndarray:
+    def messages(self, topics: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`n` messages of a user: their vectors, each one's topic (-1: a random
+        vector) and the earlier message a near-repeat repeats (-1: none)."""
         kind = self.rng.choice(3, n, p=SHARES)
-        out = self.around(topics, n)
+        topic_of = self.pick(topics, n)
+        out = self.around(topic_of)
         random_rows = np.flatnonzero(kind == 1)
         out[random_rows] = unit_rows(
             self.rng.standard_normal((len(random_rows), self.dims), dtype=np.float32)
         )
+        topic_of[random_rows] = -1
         repeats = np.flatnonzero(kind == 2)
         repeats = repeats[repeats > 0]
         earlier = (self.rng.random(len(repeats)) * repeats).astype(np.int64)
         noise = self.rng.standard_normal((len(repeats), self.dims), dtype=np.float32)
         out[repeats] = unit_rows(out[earlier] + 0.3 / math.sqrt(self.dims) * noise)
-        return out
+        # In order: a repeat of a repeat repeats what that one said.
+        repeated = np.full(n, -1, dtype=np.int64)
+        for row, source in zip(repeats.tolist(), earlier.tolist(), strict=True):
+            repeated[row] = source if repeated[source] < 0 else repeated[source]
+            topic_of[row] = topic_of[repeated[row]]
+        return out, topic_of, repeated
+
+    def facts(self, messages: np.ndarray, per_message: float) -> tuple[np.ndarray, np.ndarray]:
+        """Fact keys of `messages` (rows): Poisson(`per_message`) each, the
+        message's vector plus noise (cosine ~0.65-0.8 to it). Returns which
+        message each key is of (ascending) and the keys."""
+        counts = self.rng.poisson(per_message, len(messages))
+        source = np.repeat(np.arange(len(messages)), counts)
+        spread = self.rng.uniform(0.7, 1.2, (len(source), 1)).astype(np.float32)
+        noise = self.rng.standard_normal((len(source), self.dims), dtype=np.float32)
+        keys = unit_rows(messages[source] + spread / math.sqrt(self.dims) * noise)
+        return source, keys
 
 
 VECTOR_HEADER = struct.Struct(">HH")
@@ -211,6 +337,38 @@ def vector_bytes(rows: np.ndarray) -> list[bytes]:
     return [header + row.tobytes() for row in big_endian]
 
 
+# ----------------------------------------------------------------- words
+
+
+class Words:
+    """Texts of pronounceable pseudo-words: each topic has WORDS_PER_TOPIC
+    words of its own, and every text draws the rest from VOCABULARY common
+    words of Zipf-like frequency (p ~ 1 / (rank + 10))."""
+
+    def __init__(self, rng: np.random.Generator, topics: int = TOPICS) -> None:
+        self.rng = rng
+        n = len(SYLLABLES)
+        codes = rng.choice(n**3, VOCABULARY + topics * WORDS_PER_TOPIC, replace=False)
+        words = [SYLLABLES[c // (n * n)] + SYLLABLES[c // n % n] + SYLLABLES[c % n] for c in codes]
+        self.common = np.array(words[:VOCABULARY])
+        self.topical = np.array(words[VOCABULARY:]).reshape(topics, WORDS_PER_TOPIC)
+        weights = 1.0 / (np.arange(VOCABULARY) + 10.0)
+        self.weights = weights / weights.sum()
+
+    def texts(self, topic_of: np.ndarray, shape: tuple[int, int]) -> list[str]:
+        """A text per topic in `topic_of` (-1: none, common words only) of
+        `shape` = (topic words, common words)."""
+        on_topic, common = shape
+        n = len(topic_of)
+        drawn = self.common[self.rng.choice(VOCABULARY, (n, on_topic + common), p=self.weights)]
+        has = np.flatnonzero(topic_of >= 0)
+        picks = self.rng.integers(0, WORDS_PER_TOPIC, (len(has), on_topic))
+        drawn[has, :on_topic] = self.topical[topic_of[has, None], picks]
+        # Topic words among the others, not in front.
+        drawn = np.take_along_axis(drawn, self.rng.random(drawn.shape).argsort(axis=1), axis=1)
+        return [" ".join(row) for row in drawn.tolist()]
+
+
 # ------------------------------------------------------------------ data
 
 
@@ -222,7 +380,9 @@ class Owner:
     caller: store.Caller
     session_id: uuid.UUID  # the newest session, also the active one
     queries: list[list[float]]
+    texts: list[str]  # each query's text (the turn's message)
     exact: dict[int, list[int]] = field(default_factory=dict)  # query index -> hit ids
+    matching: float = 0.0  # mean share of the user's rounds holding a word of the query
 
 
 @dataclass
@@ -230,8 +390,10 @@ class Filled:
     owners: list[Owner]
     other_users: int
     rows: int  # embedded messages in the table
+    facts: int  # fact keys
     seconds: float
     table_mb: float
+    facts_mb: float
 
 
 def copy_embeddings(
@@ -243,25 +405,63 @@ def copy_embeddings(
     vectors: np.ndarray,
     chunk: int = 20_000,
 ) -> None:
-    """Binary COPY into memchat.message_embeddings, in the given (physical) order."""
-    columns = "message_id, user_id, session_id, agent_name, created_at, embedding"
+    """Binary COPY into memchat.message_embeddings (model MODEL), in the given
+    (physical) order. Its insert trigger (memchat.index_round) fills each
+    row's lexemes from the message and its answer."""
+    columns = "message_id, user_id, session_id, agent_name, created_at, model, embedding"
     with admin.cursor() as cur:
         stmt = f"copy memchat.message_embeddings ({columns}) from stdin (format binary)"
         with cur.copy(stmt) as copy:
             # The vector column gets pgvector's binary form as is.
-            copy.set_types(["int8", "uuid", "uuid", "text", "timestamptz", "bytea"])
+            copy.set_types(["int8", "uuid", "uuid", "text", "timestamptz", "text", "bytea"])
             for start in range(0, len(ids), chunk):
                 encoded = vector_bytes(vectors[start : start + chunk])
                 for j, data in enumerate(encoded):
                     i = start + j
-                    copy.write_row((int(ids[i]), users[i], sessions[i], AGENT, times[i], data))
+                    copy.write_row(
+                        (int(ids[i]), users[i], sessions[i], AGENT, times[i], MODEL, data)
+                    )
+
+
+def copy_facts(
+    admin: psycopg.Connection[Any],
+    ids: np.ndarray,
+    users: Sequence[uuid.UUID],
+    sessions: Sequence[uuid.UUID],
+    times: Sequence[datetime],
+    vectors: np.ndarray,
+    generator: Vectors,
+    per_message: float,
+    chunk: int = 20_000,
+) -> int:
+    """Binary COPY into memchat.message_facts: `per_message` keys per message
+    on average (Vectors.facts), with the message's owner, session, agent,
+    created_at and model, in the messages' (physical) order. Returns how many."""
+    if per_message <= 0:
+        return 0
+    columns = "message_id, ordinal, user_id, session_id, agent_name, created_at, model, embedding"
+    written = 0
+    with admin.cursor() as cur:
+        stmt = f"copy memchat.message_facts ({columns}) from stdin (format binary)"
+        with cur.copy(stmt) as copy:
+            copy.set_types(["int8", "int2", "uuid", "uuid", "text", "timestamptz", "text", "bytea"])
+            for start in range(0, len(ids), chunk):
+                source, keys = generator.facts(vectors[start : start + chunk], per_message)
+                ordinal = 0
+                for j, data in enumerate(vector_bytes(keys)):
+                    ordinal = ordinal + 1 if j and source[j] == source[j - 1] else 0
+                    i = start + int(source[j])
+                    copy.write_row(
+                        (int(ids[i]), ordinal, users[i], sessions[i], AGENT, times[i], MODEL, data)
+                    )
+                written += len(source)
+    return written
 
 
 def templates() -> dict[str, str]:
     return {
         "human": json.dumps(messages.human("")),
         "ai": json.dumps(messages.ai("")),
-        "filler": FILLER,
     }
 
 
@@ -269,12 +469,15 @@ def fill(
     admin: psycopg.Connection[Any],
     sizes: Sequence[int],
     other_rows: int,
+    facts_per_message: float,
     vectors: Vectors,
     created: list[uuid.UUID],
 ) -> Filled:
-    """Users, sessions, messages (question + answer) and embeddings, interleaved."""
+    """Users, sessions, messages (question + answer), embeddings and fact keys,
+    interleaved."""
     started = time.perf_counter()
     rng = vectors.rng
+    words = Words(rng)
     callers = [common.create_user(admin) for _ in sizes]
     created += [c.user_id for c in callers]
     n_others = math.ceil(other_rows / PER_OTHER_USER) if other_rows else 0
@@ -306,13 +509,22 @@ def fill(
         now - timedelta(seconds=SECONDS_BETWEEN_TURNS * (total - i)) for i in range(total)
     ]
 
-    # Vectors per user, placed at that user's turns.
+    # Vectors and texts per user, placed at that user's turns.
     all_vectors = np.empty((total, vectors.dims), dtype=np.float32)
+    questions: list[str] = [""] * total
+    answers: list[str] = [""] * total
     topics_of: list[np.ndarray] = []
     for u, count in enumerate(counts):
         topics = vectors.user_topics()
         topics_of.append(topics)
-        all_vectors[order[starts[u] : starts[u] + count]] = vectors.messages(topics, count)
+        at = order[starts[u] : starts[u] + count]
+        rows, topic_of, repeated = vectors.messages(topics, count)
+        all_vectors[at] = rows
+        said = words.texts(topic_of, QUESTION_WORDS)
+        answered = words.texts(topic_of, ANSWER_WORDS)
+        for j, i in enumerate(at.tolist()):
+            questions[i] = said[repeated[j]] if repeated[j] >= 0 else said[j]
+            answers[i] = answered[j]
 
     sequence = "pg_get_serial_sequence('public.chat_message_history', 'id')"
     with admin.transaction():
@@ -321,16 +533,19 @@ def fill(
         base = int(row[0])
         admin.execute(f"select setval({sequence}, %s)", (base + 2 * total,))
         admin.execute(
-            "create temporary table bench_turns"
-            " (seq bigint, user_id uuid, session_id uuid, created_at timestamptz) on commit drop"
+            "create temporary table bench_turns (seq bigint, user_id uuid, session_id uuid,"
+            " created_at timestamptz, question text, answer text) on commit drop"
         )
         with (
             admin.cursor() as cur,
             cur.copy("copy bench_turns from stdin (format binary)") as copy,
         ):
-            copy.set_types(["int8", "uuid", "uuid", "timestamptz"])
+            copy.set_types(["int8", "uuid", "uuid", "timestamptz", "text", "text"])
             for i in range(total):
-                copy.write_row((i, turn_users[i], turn_sessions[i], turn_times[i]))
+                copy.write_row(
+                    (i, turn_users[i], turn_sessions[i], turn_times[i], questions[i], answers[i])
+                )
+        del questions, answers
         admin.execute(
             "insert into public.chat_sessions"
             " (id, user_id, agent_name, title, message_count, created_at, last_active_at,"
@@ -341,12 +556,15 @@ def fill(
             (AGENT,),
         )
         admin.execute(
+            # The ids are generated always (migration *_hardening.sql); the
+            # owner may choose them, from the sequence's range reserved above.
             "insert into public.chat_message_history (id, session_id, user_id, message, created_at)"
+            " overriding system value"
             " select %(base)s + 2 * t.seq + m.k, t.session_id, t.user_id,"
             "  jsonb_set(case m.k when 0 then %(human)s::jsonb else %(ai)s::jsonb end,"
             "   array['data', 'content'],"
-            "   to_jsonb(format(case m.k when 0 then 'message %%s: %%s' else 'answer %%s: %%s' end,"
-            "    t.seq, %(filler)s::text))),"
+            "   to_jsonb(case m.k when 0 then 'message ' || t.seq || ': ' || t.question"
+            "                     else 'answer ' || t.seq || ': ' || t.answer end)),"
             "  t.created_at + m.k * interval '1 second'"
             " from bench_turns t cross join (values (0), (1)) as m(k)"
             " order by t.seq, m.k",
@@ -360,31 +578,68 @@ def fill(
         )
     ids = base + 2 * np.arange(total, dtype=np.int64)
     copy_embeddings(admin, ids, turn_users, turn_sessions, turn_times, all_vectors)
+    facts = copy_facts(
+        admin,
+        ids,
+        turn_users,
+        turn_sessions,
+        turn_times,
+        all_vectors,
+        vectors,
+        facts_per_message,
+    )
     del all_vectors
     common.vacuum_analyze(
         admin,
         "memchat.message_embeddings",
+        "memchat.message_facts",
         "public.chat_message_history",
         "public.chat_sessions",
         "public.user_agent_active_sessions",
         "auth.users",
     )
     row = admin.execute(
-        "select pg_total_relation_size('memchat.message_embeddings') / 1e6"
+        "select pg_total_relation_size('memchat.message_embeddings') / 1e6,"
+        " pg_total_relation_size('memchat.message_facts') / 1e6"
     ).fetchone()
     assert row is not None
     owners = []
     for u, (size, caller) in enumerate(zip(sizes, callers, strict=True)):
-        queries = vectors.around(topics_of[u], QUERIES)
+        picked = vectors.pick(topics_of[u], QUERIES)
+        queries = vectors.around(picked)
         owners.append(
             Owner(
                 size=size,
                 caller=caller,
                 session_id=session_ids[u][-1],
                 queries=[[float(x) for x in q] for q in queries],
+                texts=words.texts(picked, QUERY_WORDS),
             )
         )
-    return Filled(owners, n_others, total, time.perf_counter() - started, float(row[0]))
+    for o in owners:
+        o.matching = matching_share(admin, o)
+    return Filled(
+        owners,
+        n_others,
+        total,
+        facts,
+        time.perf_counter() - started,
+        float(row[0]),
+        float(row[1]),
+    )
+
+
+def matching_share(admin: psycopg.Connection[Any], owner: Owner) -> float:
+    """The mean share of the owner's rounds holding a word of a query's text
+    (what the words list ranks by ts_rank), over the first 10 queries."""
+    row = admin.execute(
+        "select avg((select count(*) filter (where e.lexemes @@ memchat.any_words(t))"
+        "            / greatest(count(*), 1)::float8"
+        "              from memchat.message_embeddings e where e.user_id = %s))"
+        " from unnest(%s::text[]) t",
+        (owner.caller.user_id, owner.texts[:10]),
+    ).fetchone()
+    return float(row[0]) if row and row[0] is not None else math.nan
 
 
 # ---------------------------------------------------------------- timing
@@ -398,7 +653,7 @@ class Run:
     hits: dict[int, list[int]] = field(default_factory=dict)
 
 
-async def recall_once(db: Database, owner: Owner, q: int) -> tuple[float, list[int]]:
+async def recall_once(db: Database, owner: Owner, q: int, words: bool) -> tuple[float, list[int]]:
     t0 = perf_counter_ns()
     hits = await store.recall(
         db,
@@ -406,9 +661,10 @@ async def recall_once(db: Database, owner: Owner, q: int) -> tuple[float, list[i
         session_id=owner.session_id,
         agent_name=AGENT,
         window=WINDOW,
-        query=owner.queries[q],
+        query=store.Embedding(MODEL, owner.queries[q]),
         k=K,
         min_score=MIN_SCORE,
+        text=owner.texts[q] if words else None,
     )
     return (perf_counter_ns() - t0) / 1e6, [h.message_id for h in hits]
 
@@ -419,6 +675,7 @@ async def time_recall(
     iterations: int,
     warmup: int,
     *,
+    words: bool,
     interleaved: bool = False,
     idle_ms: float = 0.0,
 ) -> list[Run]:
@@ -436,7 +693,7 @@ async def time_recall(
             owner, run, q = owners[k], runs[k], i % QUERIES
             if idle_ms:
                 time.sleep(idle_ms / 1000)  # nothing else runs on this loop
-            ms, ids = await recall_once(db, owner, q)
+            ms, ids = await recall_once(db, owner, q, words)
             run.hits[q] = ids
             if i >= warmup:
                 run.samples.append(ms)
@@ -460,9 +717,11 @@ def recall_at_k(owner: Owner, run: Run) -> tuple[float, float, float]:
     return mean, short / n, sum(returned) / n
 
 
-def explain(admin_url: str, owner: Owner, label: str) -> str:
-    """EXPLAIN (ANALYZE, BUFFERS) of the candidate query, as memchat_user with
-    claims, on its 7th execution (what the plan cache settled on)."""
+def explain(admin_url: str, owner: Owner, label: str, words: bool) -> str:
+    """EXPLAIN (ANALYZE, BUFFERS) of memchat.recall's three statements, as
+    memchat_user with claims, each on its 7th execution (what the plan cache
+    settled on), with the function's enable_bitmapscan for each."""
+    out = []
     with psycopg.connect(admin_url, autocommit=True) as conn, conn.transaction():
         conn.execute(
             "select set_config('role', 'memchat_user', true),"
@@ -471,27 +730,39 @@ def explain(admin_url: str, owner: Owner, label: str) -> str:
         )
         params = {"uid": owner.caller.user_id, "sid": owner.session_id, "window": WINDOW}
         row = conn.execute(WINDOW_FLOOR, params).fetchone()
-        args = (
-            owner.caller.user_id,
-            AGENT,
-            store.fragments.vector_literal(owner.queries[0]),
-            owner.session_id,
-            row[0] if row else None,
-            K,
-        )
-        conn.execute(CANDIDATES)
-        execute = (
-            "execute bench_candidates"
-            " (%s::uuid, %s::text, %s::extensions.vector, %s::uuid, %s::bigint, %s::integer)"
-        )
+        assert row is not None
+        floor = row[0]
+        text = owner.texts[0] if words else None
+        row = conn.execute("select memchat.any_words(%s)::text", (text,)).fetchone()
+        tsquery = row[0] if row else None
+        query = store.fragments.vector_literal(owner.queries[0])
+        depth = max(K * 4, 20)
+        owner_args = (owner.caller.user_id, AGENT, MODEL, owner.session_id, floor)
         # Client-side binding: a utility statement's parameters get no types.
         cur = psycopg.ClientCursor(conn)
-        for _ in range(6):  # past the plan cache's five custom plans, as the timed calls were
-            cur.execute(execute, args)
-        plan = cur.execute("explain (analyze, buffers) " + execute, args).fetchall()
-    # The query vector's 512 numbers say nothing.
-    lines = "\n".join("    " + VECTOR_LITERAL.sub("'[...]'", r[0]) for r in plan)
-    return f"{label}, {owner.size:,} messages:\n{lines}"
+
+        def plan(name: str, prepare: str, types: str, args: tuple[Any, ...]) -> Any:
+            cur.execute(prepare)
+            casts = ", ".join(f"%s::{t.strip()}" for t in types.split(", "))
+            execute = f"execute {name} ({casts})"
+            for _ in range(6):  # past the plan cache's five custom plans, as in the function
+                result = cur.execute(execute, args).fetchall()
+            lines = cur.execute("explain (analyze, buffers) " + execute, args).fetchall()
+            # The query vector's 512 numbers say nothing.
+            out.append(
+                f"  {name}:\n"
+                + "\n".join("    " + VECTOR_LITERAL.sub("'[...]'", r[0]) for r in lines)
+            )
+            return result
+
+        conn.execute("set local enable_bitmapscan = off")
+        (meaning,) = plan("bench_meaning", MEANING, MEANING_TYPES, (*owner_args, query, depth))[0]
+        matching: list[int] = []
+        if tsquery is not None:  # the function turns bitmap scans on for the words list
+            conn.execute("set local enable_bitmapscan = on")
+            (matching,) = plan("bench_words", WORDS, WORDS_TYPES, (*owner_args, tsquery, depth))[0]
+        plan("bench_fused", FUSED, FUSED_TYPES, (meaning, matching, [], query, MODEL))
+    return f"{label}, {owner.size:,} messages:\n" + "\n\n".join(out)
 
 
 # ------------------------------------------------------------------ turn
@@ -620,10 +891,13 @@ async def turn_a(
 
 
 async def turn_b(
-    db: Database, model: ModelClient, owner: Owner, message: str
+    db: Database, recall: Recall, owner: Owner, message: str
 ) -> tuple[int, list[store.Hit]]:
-    """Embed first, then the context and the search in one pipelined round trip."""
-    query = await model.embed(message)
+    """Embed first, then the context and the search in one pipelined round trip
+    (the search with the message's text and period, as `Recall` passes them)."""
+    settings = recall.settings
+    vector = await recall.model.embed(messages.embedding_text(message), "query")
+    query = store.Embedding(recall.model.embedding_model, vector)
     load_args = (
         owner.session_id,
         AGENT,
@@ -643,6 +917,10 @@ async def turn_b(
         query=query,
         k=K,
         min_score=MIN_SCORE,
+        text=message if settings.memory_recall_words else None,
+        period=timeref.period_in(message, datetime.now(UTC))
+        if settings.memory_recall_time
+        else None,
     )
     async with db.pipeline(owner.caller.claims) as conn:
         loaded = conn.cursor()
@@ -673,7 +951,7 @@ async def turn_off(db: Database, owner: Owner, message: str) -> tuple[int, list[
 
 
 async def turn_embed(model: ModelClient, message: str) -> tuple[int, list[store.Hit]]:
-    await model.embed(message)
+    await model.embed(messages.embedding_text(message), "query")
     return 0, []
 
 
@@ -683,7 +961,7 @@ async def arrangement(
     if key == "a":
         return await turn_a(db, recall, owner, message)
     if key == "b":
-        return await turn_b(db, model, owner, message)
+        return await turn_b(db, recall, owner, message)
     if key == "off":
         return await turn_off(db, owner, message)
     return await turn_embed(model, message)
@@ -710,6 +988,8 @@ async def time_turns(
                     openai_api_key="bench-key",
                     openai_base_url=provider.url,
                     openai_max_retries=0,
+                    openai_embedding_model=MODEL,
+                    memory_recall_words=args.words,
                     embedding_dimensions=DIMS,
                     embedding_timeout_seconds=10,
                 )
@@ -729,8 +1009,9 @@ async def time_turns(
                             if i % 2:
                                 keys.reverse()
                             for key in keys:
-                                message = f"turn {i}: {FILLER[:80]}"
-                                # One of the user's queries: real hits.
+                                # One of the user's queries (its text and
+                                # vector): real hits.
+                                message = owner.texts[i % QUERIES]
                                 provider.vector = owner.queries[i % QUERIES]
                                 c0 = proxy.round_trips
                                 t0 = perf_counter_ns()
@@ -806,7 +1087,9 @@ async def run(args: argparse.Namespace) -> int:
         created: list[uuid.UUID] = []
         try:
             vectors = Vectors(args.seed)
-            filled = fill(admin, args.sizes, args.other_rows, vectors, created)
+            filled = fill(
+                admin, args.sizes, args.other_rows, args.facts_per_message, vectors, created
+            )
             owners = filled.owners
             settings_row = admin.execute(
                 "select current_setting('shared_buffers'), current_setting('jit'),"
@@ -823,30 +1106,53 @@ async def run(args: argparse.Namespace) -> int:
                 f" {filled.table_mb:,.0f} MB; filled in {filled.seconds:.1f} s"
             )
             print(
+                f"fact keys:  {filled.facts:,} ({args.facts_per_message:g} per message on"
+                f" average, Poisson; message vector + noise), message_facts"
+                f" {filled.facts_mb:,.0f} MB; model {MODEL!r} everywhere"
+            )
+            print(
                 f"vectors:    {DIMS} dims, clustered ({TOPICS:,} topics, {TOPICS_PER_USER} per"
                 " user; 80% topic, 15% random, 5% near-repeats), seed"
                 f" {args.seed}; {QUERIES} queries per user on its own topics"
+            )
+            shares = ", ".join(f"{o.size:,}: {o.matching:.0%}" for o in owners)
+            print(
+                f"texts:      pseudo-words, {WORDS_PER_TOPIC} per topic and {VOCABULARY:,}"
+                f" common (Zipf-like); message {sum(QUESTION_WORDS)} words, answer"
+                f" {sum(ANSWER_WORDS)}, query {sum(QUERY_WORDS)} ({QUERY_WORDS[0]} of its"
+                " topic); "
+                + (
+                    f"rounds holding a word of the query (mean): {shares}"
+                    if args.words
+                    else "not searched (--no-words: text=None)"
+                )
             )
             print(
                 f"server:     pgvector {settings_row[2]}, shared_buffers {settings_row[0]},"
                 f" jit {settings_row[1]}"
             )
-            print(f"recall:     k={K}, window {WINDOW}, min score {MIN_SCORE}")
+            print(
+                f"recall:     k={K}, window {WINDOW}, min score {MIN_SCORE},"
+                f" words {'on' if args.words else 'off'}, no period"
+            )
             print()
 
             query_runs: dict[str, list[Run]] = {}
             if "query" in parts or "hnsw" in parts:
-                exact = await time_recall(target.url, owners, args.iterations, args.warmup)
+                exact = await time_recall(
+                    target.url, owners, args.iterations, args.warmup, words=args.words
+                )
                 query_runs["exact (btree, migrations)"] = exact
                 for owner, r in zip(owners, exact, strict=True):
                     owner.exact = dict(r.hits)
                 if args.explain:
-                    explains += [explain(target.url, o, "exact") for o in owners]
+                    explains += [explain(target.url, o, "exact", args.words) for o in owners]
                 mixed = await time_recall(
                     target.url,
                     owners,
                     args.iterations,
                     args.warmup,
+                    words=args.words,
                     interleaved=True,
                     idle_ms=args.idle_ms,
                 )
@@ -898,21 +1204,27 @@ async def run(args: argparse.Namespace) -> int:
                 print()
 
             if "hnsw" in parts:
+                tables = ["message_embeddings"] + (["message_facts"] if filled.facts else [])
                 admin.execute(f"set maintenance_work_mem = '{args.maintenance_work_mem}'")
                 built = time.perf_counter()
-                admin.execute(
-                    f"create index {HNSW_INDEX} on memchat.message_embeddings"
-                    " using hnsw (embedding extensions.vector_cosine_ops)"
-                )
+                for table in tables:
+                    admin.execute(
+                        f"create index {HNSW_INDEXES[table]} on memchat.{table}"
+                        " using hnsw (embedding extensions.vector_cosine_ops)"
+                    )
                 build_s = time.perf_counter() - built
                 admin.execute("reset maintenance_work_mem")
                 size_row = admin.execute(
-                    f"select pg_relation_size('memchat.{HNSW_INDEX}') / 1e6"
+                    "select sum(pg_relation_size(('memchat.' || i)::regclass)) / 1e6"
+                    " from unnest(%s::text[]) i",
+                    ([HNSW_INDEXES[t] for t in tables],),
                 ).fetchone()
                 assert size_row is not None
                 print(
-                    f"HNSW index (m=16, ef_construction=64, the defaults) on all"
-                    f" {filled.rows:,} rows: built in {build_s:.1f} s"
+                    f"HNSW indexes (m=16, ef_construction=64, the defaults) on all"
+                    f" {filled.rows:,} embeddings"
+                    + (f" and {filled.facts:,} fact keys" if filled.facts else "")
+                    + f": built in {build_s:.1f} s"
                     f" (maintenance_work_mem {args.maintenance_work_mem}),"
                     f" {size_row[0]:,.0f} MB"
                 )
@@ -924,16 +1236,19 @@ async def run(args: argparse.Namespace) -> int:
                 try:
                     for label, keep_btree, ef in arrangements:
                         if not keep_btree:
-                            admin.execute(f"drop index if exists memchat.{OWNER_INDEX}")
+                            for name in OWNER_INDEXES:
+                                admin.execute(f"drop index if exists memchat.{name}")
                         url = set_ef_search(target.url, ef)
                         query_runs[label] = await time_recall(
-                            url, owners, args.iterations, args.warmup
+                            url, owners, args.iterations, args.warmup, words=args.words
                         )
                         if args.explain:
-                            explains += [explain(url, o, label) for o in owners]
+                            explains += [explain(url, o, label, args.words) for o in owners]
                 finally:
-                    admin.execute(OWNER_INDEX_DDL)
-                    admin.execute(f"drop index if exists memchat.{HNSW_INDEX}")
+                    for ddl in OWNER_INDEXES.values():
+                        admin.execute(ddl)
+                    for table in tables:
+                        admin.execute(f"drop index if exists memchat.{HNSW_INDEXES[table]}")
                 rows = []
                 for label, runs in query_runs.items():
                     for owner, r in zip(owners, runs, strict=True):
@@ -1045,7 +1360,7 @@ async def run(args: argparse.Namespace) -> int:
             print(common.machine_report(admin, target, load_at_start=load_at_start))
             if explains:
                 print()
-                print("EXPLAIN (ANALYZE, BUFFERS) of memchat.recall's candidate query:")
+                print("EXPLAIN (ANALYZE, BUFFERS) of memchat.recall's statements:")
                 print()
                 print("\n\n".join(explains))
         finally:
@@ -1068,6 +1383,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=100_000,
         help=f"embedded messages of other users, {PER_OTHER_USER} each (100000)",
+    )
+    parser.add_argument(
+        "--facts-per-message",
+        type=float,
+        default=FACTS_PER_MESSAGE,
+        help=f"fact keys per message on average, Poisson ({FACTS_PER_MESSAGE:g}; 0: none)",
+    )
+    parser.add_argument(
+        "--no-words",
+        dest="words",
+        action="store_false",
+        help="recall without the query's text (text=None: the vector lists only)",
     )
     parser.add_argument("--iterations", type=int, default=100, help="timed calls per size (100)")
     parser.add_argument(
@@ -1117,6 +1444,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.parts) - {"query", "hnsw", "turn"}
     if unknown:
         parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
+    if args.facts_per_message < 0:
+        parser.error("--facts-per-message must be >= 0")
     if sorted(args.sizes) != args.sizes:
         parser.error("--sizes must be ascending")
     if missing := set(args.turn_sizes) - set(args.sizes):

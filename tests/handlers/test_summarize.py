@@ -24,6 +24,17 @@ RUN_KEYS = {
     "duration_ms",
     "finished",
 }
+# The embedding backfill's run, which the same invocation returns under "embeddings".
+EMBEDDING_KEYS = {
+    "embedded",
+    "sessions",
+    "failed",
+    "gave_up",
+    "rounds",
+    "duration_ms",
+    "finished",
+    "refused",
+}
 
 
 def worker_context() -> FakeContext:
@@ -55,7 +66,8 @@ async def test_a_scheduled_run_summarizes_due_sessions(
     result = await asyncio.to_thread(lambda_.invoke, "summarize", event, worker_context())
     (after,) = admin.execute("select now()").fetchone()
 
-    assert set(result) == RUN_KEYS
+    assert set(result) == RUN_KEYS | {"embeddings"}
+    assert set(result["embeddings"]) == EMBEDDING_KEYS
     assert result["summarized"] == 1 and result["finished"] is True
     waited = ((before - due_since).total_seconds(), (after - due_since).total_seconds())
     assert waited[0] - 0.05 <= result["lag_seconds"] <= waited[1] + 0.05, (result, waited)
@@ -97,4 +109,6 @@ def test_the_templates_schedule_input_drives_the_handler(
     result = lambda_.invoke(
         handler_module(FUNCTIONS[function]), event, FakeContext(function_name=function)
     )
-    assert set(result) == RUN_KEYS and result["failed"] == 0
+    assert set(result) == RUN_KEYS | {"embeddings"} and result["failed"] == 0
+    assert set(result["embeddings"]) == EMBEDDING_KEYS
+    assert result["embeddings"]["refused"] is None

@@ -35,17 +35,19 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import pytest
 from cfnlint.decode import decode  # type: ignore[import-untyped]
+from pydantic import TypeAdapter
 
 from memchat import bootstrap, secrets
 from memchat.api import streamed as stream
 from memchat.config import ROUTE_GROUPS, Settings, parse_route_groups, secret_settings
 from memchat.handlers import stream as server
-from tests.handlers.conftest import FakeContext, LambdaRuntime, body_of, route_event
+from tests.handlers.conftest import FakeContext, LambdaRuntime, body_of, route_event, token_for
+from tests.utils.users import UserFactory
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
@@ -124,17 +126,19 @@ URL_ROUTES = url_routes()
 # Each deployment the parameters allow, as the conditions it sets (the
 # others, which no test here varies, as the parameters' defaults set them).
 DEFAULT_CONDITIONS = {
+    "HasEmbeddingKey": False,
     "HasAlarmTopic": False,
     "ReserveChat": False,
     "ReserveChatStream": False,
     "ReserveExport": False,
 }
 SCENARIOS = [
-    {"UseSsm": ssm, "HasJwtSecret": jwt, "TracingOn": tracing}
-    for ssm, jwt, tracing in itertools.product([False, True], repeat=3)
+    {"UseSsm": ssm, "HasJwtSecret": jwt, "HasEmbeddingKey": embedding_key, "TracingOn": tracing}
+    for ssm, jwt, embedding_key, tracing in itertools.product([False, True], repeat=4)
 ]
 SCENARIO_IDS = [
     f"{'ssm' if c['UseSsm'] else 'secretsmanager'}-{'jwt' if c['HasJwtSecret'] else 'jwks'}"
+    f"{'-embedding-key' if c['HasEmbeddingKey'] else ''}"
     f"{'-tracing' if c['TracingOn'] else ''}"
     for c in SCENARIOS
 ]
@@ -382,12 +386,18 @@ async def test_template_routes_are_the_apps_routes(settings: Settings) -> None:
     assert {f for f, m, p in HTTP_ROUTES if (m, p) in SERVED_TWICE} == {"ChatFunction"}
     assert {f for f, m, p in URL_ROUTES if (m, p) in SERVED_TWICE} == {"ChatStreamFunction"}
 
-    # Each function's app (its ROUTE_GROUPS) has its routes and no other but /health.
+    # Each function's app (its ROUTE_GROUPS) has its routes and no other but
+    # /health; behind a function URL, what its stream server lets through (the
+    # chat stream function's app also has GET /memory/search, which the
+    # server answers 404: the HTTP API's ChatFunction serves it).
     health = {("GET", stream.READINESS_PATH)}
     for function in HTTP_FUNCTIONS:
         own = {(m, p) for f, m, p in [*HTTP_ROUTES, *URL_ROUTES] if f == function}
         assert own, function
-        app_routes = await served(route_groups_of(function))
+        groups = route_groups_of(function)
+        app_routes = await served(groups)
+        if function in URL_FUNCTIONS:
+            app_routes &= stream.routes_for(groups) | health
         assert own <= app_routes and app_routes - own <= health, function
 
 
@@ -518,13 +528,17 @@ def test_each_function_can_read_exactly_the_secrets_it_uses(
 ) -> None:
     """From the deployed roles' policies: no function can read a secret it does not use."""
     jwt = {"SupabaseJwtSecretSecret"} if conditions["HasJwtSecret"] else set()
+    # The embeddings' own key, when given, goes where the model's key goes.
+    keys = {"OpenAiApiKeySecret"} | (
+        {"EmbeddingApiKeySecret"} if conditions["HasEmbeddingKey"] else set()
+    )
     expected = {
-        "ChatFunction": {"DatabaseUrlSecret", "OpenAiApiKeySecret", *jwt},
-        "ChatStreamFunction": {"DatabaseUrlSecret", "OpenAiApiKeySecret", *jwt},
+        "ChatFunction": {"DatabaseUrlSecret", *keys, *jwt},
+        "ChatStreamFunction": {"DatabaseUrlSecret", *keys, *jwt},
         "SessionsFunction": {"DatabaseUrlSecret", *jwt},
         "ExportFunction": {"DatabaseUrlSecret", *jwt},
         "CleanupFunction": {"CleanupDatabaseUrlSecret"},
-        "SummaryFunction": {"SummaryDatabaseUrlSecret", "OpenAiApiKeySecret"},
+        "SummaryFunction": {"SummaryDatabaseUrlSecret", *keys},
     }
     assert set(FUNCTIONS) == set(expected)
     for function, secrets_used in expected.items():
@@ -532,9 +546,10 @@ def test_each_function_can_read_exactly_the_secrets_it_uses(
         assert readable == secrets_used, function
         # ...and exactly the secrets its environment points at.
         assert set(pointed_at(environment(function, conditions)).values()) == readable, function
-    # The model key in particular: the chat functions' and the summary worker's alone.
+    # The model keys in particular: the chat functions' and the summary worker's alone.
     for function in ("SessionsFunction", "ExportFunction", "CleanupFunction"):
-        assert "OpenAiApiKeySecret" not in readable_secrets(translated, function, conditions)
+        readable = readable_secrets(translated, function, conditions)
+        assert not {"OpenAiApiKeySecret", "EmbeddingApiKeySecret"} & readable, function
 
 
 @pytest.mark.parametrize("conditions", SCENARIOS, ids=SCENARIO_IDS)
@@ -551,11 +566,15 @@ def test_http_functions_get_what_their_settings_need(
     needed = set(secret_settings(groups))
     if not conditions["HasJwtSecret"]:
         needed.discard("supabase_jwt_secret")  # tokens are checked through SUPABASE_URL's JWKS
+    if not conditions["HasEmbeddingKey"]:
+        needed.discard("embedding_api_key")  # optional: the embeddings use the model's key
     references = pointed_at(variables)
     assert set(references) == needed, function
     assert references["database_url"] == "DatabaseUrlSecret"
     if "openai_api_key" in references:
         assert references["openai_api_key"] == "OpenAiApiKeySecret"
+    if "embedding_api_key" in references:
+        assert references["embedding_api_key"] == "EmbeddingApiKeySecret"
     suffix = "_PARAMETER" if conditions["UseSsm"] else "_SECRET_ARN"
     assert all(n.endswith(suffix) for n in variables if SECRET_REFERENCE.match(n)), variables
 
@@ -573,6 +592,95 @@ def test_http_functions_get_what_their_settings_need(
     assert plain >= AUTH_SETTINGS, function  # tokens are checked the same everywhere
 
 
+# What decides an embedding: the model, its size, the provider and its key.
+# The summary function's backfill embeds imported messages, which turns then
+# compare with their own: it must embed exactly as the chat functions do.
+EMBEDDING_SETTINGS = (
+    "OPENAI_EMBEDDING_MODEL",
+    "EMBEDDING_DIMENSIONS",
+    "EMBEDDING_BASE_URL",
+    "EMBEDDING_DOCUMENT_PREFIX",
+    "OPENAI_BASE_URL",
+)
+
+
+@pytest.mark.parametrize("conditions", SCENARIOS, ids=SCENARIO_IDS)
+def test_the_backfill_embeds_as_the_chat_functions_do(conditions: dict[str, bool]) -> None:
+    chat = environment("ChatFunction", conditions)
+    parameters = TEMPLATE_DATA["Parameters"]
+    fields = Settings.model_fields
+    for function in ("ChatStreamFunction", "SummaryFunction"):
+        variables = environment(function, conditions)
+        for name in EMBEDDING_SETTINGS:
+            assert variables.get(name) == chat.get(name), f"{function}: {name}"
+        # ...and the same keys, from the same secrets.
+        keys = {"openai_api_key", "embedding_api_key"}
+        own = {k: v for k, v in pointed_at(variables).items() if k in keys}
+        assert own == {k: v for k, v in pointed_at(chat).items() if k in keys}, function
+    # Stack parameters, with the app's defaults (an empty base URL: the model's).
+    assert chat["OPENAI_EMBEDDING_MODEL"] == {"Ref": "EmbeddingModel"}
+    assert chat["EMBEDDING_DIMENSIONS"] == {"Ref": "EmbeddingDimensions"}
+    assert chat["EMBEDDING_BASE_URL"] == {"Ref": "EmbeddingBaseUrl"}
+    assert parameters["EmbeddingDimensions"]["Default"] == fields["embedding_dimensions"].default
+    assert parameters["EmbeddingBaseUrl"]["Default"] == ""
+    assert fields["embedding_base_url"].default is None
+
+
+def import_function() -> str:
+    (function,) = [f for f, m, p in HTTP_ROUTES if (m, p) == ("POST", "/sessions/import")]
+    return function
+
+
+# A Lambda function's synchronous request payload (the whole API Gateway event).
+LAMBDA_PAYLOAD_BYTES = 6 * 1024 * 1024
+
+
+def test_the_import_body_cap_fits_lambdas_payload_limit() -> None:
+    """IMPORT_MAX_BYTES of the function serving POST /sessions/import: a body
+    at the cap still fits the invocation event, even base64-encoded (API
+    Gateway encodes bodies it deems binary), with room for the headers."""
+    function = import_function()
+    variables = FUNCTIONS[function]["Environment"]["Variables"]
+    assert "IMPORT_MAX_BYTES" in variables, f"{function} takes the app's 30 MB default"
+    cap = int(variables["IMPORT_MAX_BYTES"])
+    field = Settings.model_fields["import_max_bytes"]
+    assert TypeAdapter(Annotated[int, *field.metadata]).validate_python(cap) == cap
+    assert cap < field.default
+    encoded = 4 * -(-cap // 3)
+    assert encoded + 256 * 1024 <= LAMBDA_PAYLOAD_BYTES, cap
+
+
+def test_the_import_status_advertises_what_the_deployment_accepts(
+    lambda_: LambdaRuntime, monkeypatch: pytest.MonkeyPatch, users: UserFactory
+) -> None:
+    """As deployed (the function's ROUTE_GROUPS and IMPORT_MAX_BYTES): the
+    status says the template's cap, and a body over it is refused before it
+    is read; `memchat import` splits a file by what the status says."""
+    function = import_function()
+    as_deployed(monkeypatch, function)
+    cap = FUNCTIONS[function]["Environment"]["Variables"]["IMPORT_MAX_BYTES"]
+    monkeypatch.setenv("IMPORT_MAX_BYTES", cap)
+    token = token_for(users.create().user_id)
+    module = handler_module(FUNCTIONS[function])
+    context = FakeContext(function_name=function)
+
+    status = lambda_.invoke(
+        module,
+        route_event("GET", "/sessions/import/status", "/sessions/import/status", token=token),
+        context,
+    )
+    assert status["statusCode"] == 200, status
+    assert body_of(status)["limits"]["max_request_bytes"] == int(cap)
+
+    event = route_event("POST", "/sessions/import", "/sessions/import", token=token)
+    event["headers"].update({"content-type": "application/json"})
+    event["body"] = '{"sessions": [' + " " * int(cap) + "]}"
+    event["headers"]["content-length"] = str(len(event["body"]))
+    refused = lambda_.invoke(module, event, context)
+    assert refused["statusCode"] == 413, refused
+    assert body_of(refused)["detail"] == f"The request body is over {cap} bytes."
+
+
 @pytest.mark.parametrize("function", ["ChatFunction", "ChatStreamFunction"])
 def test_the_chat_settings_are_stack_parameters_with_the_apps_defaults(function: str) -> None:
     chat = FUNCTIONS[function]["Environment"]["Variables"]
@@ -585,6 +693,9 @@ def test_the_chat_settings_are_stack_parameters_with_the_apps_defaults(function:
         ("MEMORY_MAX_CONTEXT_TOKENS", "MemoryMaxContextTokens"),
         ("MEMORY_RECALL_K", "MemoryRecallK"),
         ("MEMORY_RECALL_MIN_SCORE", "MemoryRecallMinScore"),
+        ("MEMORY_RECALL_WORDS", "MemoryRecallWords"),
+        ("MEMORY_RECALL_TIME", "MemoryRecallTime"),
+        ("EMBEDDING_DIMENSIONS", "EmbeddingDimensions"),
         ("EMBEDDING_TIMEOUT_SECONDS", "EmbeddingTimeoutSeconds"),
     ]:
         assert chat[variable] == {"Ref": parameter}
@@ -947,8 +1058,11 @@ SECRET_PARAMETERS = [
     "CleanupDatabaseUrlSecret",
     "SummaryDatabaseUrlSecret",
     "OpenAiApiKeySecret",
+    "EmbeddingApiKeySecret",
     "SupabaseJwtSecretSecret",
 ]
+# Secret parameters that may be left empty (the setting is then not read).
+OPTIONAL_SECRET_PARAMETERS = ["SupabaseJwtSecretSecret", "EmbeddingApiKeySecret"]
 
 
 def secret_parameters(store: str) -> dict[str, str]:
@@ -970,7 +1084,9 @@ def test_secret_parameters_must_be_of_the_stores_kind(store: str) -> None:
 
     right = secret_parameters(store)
     assert not condition_value("SecretsDoNotMatchStore", right)
-    assert not condition_value("SecretsDoNotMatchStore", {**right, "SupabaseJwtSecretSecret": ""})
+    for optional in OPTIONAL_SECRET_PARAMETERS:
+        assert not condition_value("SecretsDoNotMatchStore", {**right, optional: ""}), optional
+        assert TEMPLATE_DATA["Parameters"][optional]["Default"] == ""
     other = secret_parameters("ssm" if store == "secretsmanager" else "secretsmanager")
     for name in SECRET_PARAMETERS:
         wrong = {**right, name: other[name]}

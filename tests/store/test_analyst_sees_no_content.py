@@ -93,7 +93,7 @@ async def write_everything(fresh: Fresh, who: str, caller: store.Caller, db: Dat
             ttl=TTL,
             client_message_id=m["client-id"],
             notes=m["notes"],
-            embedding=local_embedding(m["question"], dimensions),
+            embedding=store.Embedding("local", local_embedding(m["question"], dimensions)),
             summary_due_after=1,
         ),
     )

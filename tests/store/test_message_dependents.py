@@ -63,17 +63,25 @@ def add_dependents(admin: psycopg.Connection, user: uuid.UUID, session: uuid.UUI
         " values (%s, %s, %s, 'default', 1)",
         (ids.answer, user, session),
     )
+    admin.execute(
+        "insert into memchat.message_facts"
+        " (message_id, ordinal, user_id, session_id, agent_name, created_at, model, embedding)"
+        f" values (%s, 0, %s, %s, 'default', now(), 'm', {VECTOR})",
+        (ids.question, user, session),
+    )
     return ids
 
 
-def counts(admin: psycopg.Connection, ids: Dependents) -> tuple[int, int]:
+def counts(admin: psycopg.Connection, ids: Dependents) -> tuple[int, int, int]:
+    """(embeddings, ratings, fact keys) of the exchange."""
     row = admin.execute(
         "select (select count(*) from memchat.message_embeddings where message_id = %(q)s),"
-        "       (select count(*) from memchat.message_feedback where message_id = %(a)s)",
+        "       (select count(*) from memchat.message_feedback where message_id = %(a)s),"
+        "       (select count(*) from memchat.message_facts where message_id = %(q)s)",
         {"q": ids.question, "a": ids.answer},
     ).fetchone()
     assert row is not None
-    return int(row[0]), int(row[1])
+    return int(row[0]), int(row[1]), int(row[2])
 
 
 @pytest.fixture
@@ -122,10 +130,10 @@ def test_every_deleter_takes_the_embedding_and_feedback_along(
     both: tuple[Dependents, Dependents],
 ) -> None:
     a, b = both
-    assert counts(admin, a) == (1, 1)
+    assert counts(admin, a) == (1, 1, 1)
     deleter(conn, gateway, world)
-    assert counts(admin, a) == (0, 0)
-    assert counts(admin, b) == (1, 1)  # only the deleted messages' own
+    assert counts(admin, a) == (0, 0, 0)
+    assert counts(admin, b) == (1, 1, 1)  # only the deleted messages' own
 
 
 def test_the_ttl_cleanup_takes_them_along(
@@ -139,8 +147,8 @@ def test_the_ttl_cleanup_takes_them_along(
     with psycopg.connect(cleanup_url, autocommit=True) as cleanup:
         while store.expire_sessions_batch(cleanup, 1000)[0]:
             pass
-    assert counts(admin, a) == (0, 0)
-    assert counts(admin, b) == (1, 1)
+    assert counts(admin, a) == (0, 0, 0)
+    assert counts(admin, b) == (1, 1, 1)
 
 
 def test_truncating_the_messages_truncates_them(
@@ -149,15 +157,15 @@ def test_truncating_the_messages_truncates_them(
     a, b = both
     with psycopg.connect(admin_url) as owner:  # one transaction, rolled back: others' rows stay
         owner.execute("truncate public.chat_message_history")
-        assert counts(owner, a) == (0, 0) and counts(owner, b) == (0, 0)
+        assert counts(owner, a) == (0, 0, 0) and counts(owner, b) == (0, 0, 0)
         owner.rollback()
-        assert counts(owner, a) == (1, 1)
+        assert counts(owner, a) == (1, 1, 1)
         # With cascade, which truncates the feedback (it references the
         # sessions) in the same statement before the trigger runs.
         owner.execute("truncate public.chat_message_history, public.chat_sessions cascade")
-        assert counts(owner, a) == (0, 0) and counts(owner, b) == (0, 0)
+        assert counts(owner, a) == (0, 0, 0) and counts(owner, b) == (0, 0, 0)
         owner.rollback()
-        assert counts(owner, a) == (1, 1)
+        assert counts(owner, a) == (1, 1, 1)
 
 
 @pytest.mark.parametrize(
@@ -170,8 +178,11 @@ def test_truncating_the_messages_truncates_them(
         " values (-1, %(user)s, %(session)s, 'default', 1)",
         "update memchat.message_feedback set message_id = -1 where message_id = %(answer)s",
         "update memchat.message_embeddings set message_id = -1 where message_id = %(question)s",
+        "insert into memchat.message_facts"
+        " (message_id, ordinal, user_id, session_id, agent_name, created_at, model, embedding)"
+        f" values (-1, 0, %(user)s, %(session)s, 'default', now(), 'm', {VECTOR})",
     ],
-    ids=["embedding insert", "feedback insert", "feedback moved", "embedding moved"],
+    ids=["embedding insert", "feedback insert", "feedback moved", "embedding moved", "fact insert"],
 )
 def test_a_dependent_of_no_message_is_refused_as_a_foreign_key_would(
     statement: str, admin: psycopg.Connection, world: World, both: tuple[Dependents, Dependents]
@@ -185,7 +196,7 @@ def test_a_dependent_of_no_message_is_refused_as_a_foreign_key_would(
     }
     with pytest.raises(psycopg.errors.ForeignKeyViolation):
         admin.execute(statement, params)
-    assert counts(admin, a) == (1, 1)
+    assert counts(admin, a) == (1, 1, 1)
 
 
 def test_a_rating_in_flight_holds_its_answer_until_it_commits(

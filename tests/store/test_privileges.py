@@ -102,6 +102,16 @@ WORKER_FUNCTIONS = {
     "memchat.summary_save(uuid,text,bigint,bigint)",
     "memchat.summary_done(uuid,integer)",
     "memchat.summary_failed(uuid,double precision)",
+    # The embedding backfill (migration *_embedding_models.sql), and the
+    # column's size it checks before embedding anything.
+    "memchat.embedding_claim(integer,double precision)",
+    "memchat.embedding_source(uuid,text,bigint,integer)",
+    "memchat.embedding_save(uuid[],text,bigint[],text[])",
+    "memchat.embedding_done(uuid,text)",
+    "memchat.embedding_failed(uuid,double precision)",
+    "memchat.embedding_dimensions()",
+    # And the fact keys it stores beside them (migration *_hybrid_recall.sql).
+    "memchat.facts_save(uuid[],bigint[],text,bigint[],integer[],text[])",
 }
 
 

@@ -1,6 +1,7 @@
 """memchat.recall and the embeddings table at the SQL level, with hand-made
 vectors: row-level security (never another user's rows, whoever asks), the
-near-duplicate collapse, the score floor, the window and live sessions."""
+near-duplicate collapse, the score floor, the window, live sessions, and
+only embeddings of the query's model."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.utils.store_data import acting_as, exchange, record, through_data_api
 from tests.utils.users import UserFactory
 
 DIMS = 512
+MODEL = "test-embedding-model"
 
 
 def unit(*parts: float) -> list[float]:
@@ -42,8 +44,9 @@ async def say(
     *,
     session_id: uuid.UUID | None = None,
     agent_name: str = "default",
+    model: str = MODEL,
 ) -> store.SessionInfo:
-    """One stored turn whose user message has `vector` as its embedding."""
+    """One stored turn whose user message has `vector` (of `model`) as its embedding."""
     return await store.record_turn(
         db,
         caller,
@@ -53,13 +56,13 @@ async def say(
             messages=exchange(text, f"answer to {text}"),
             title=text,
             ttl=turn(uuid.uuid4(), []).ttl,
-            embedding=vector,
+            embedding=store.Embedding(model, vector),
         ),
     )
 
 
 async def recall(
-    db: Database, caller: store.Caller, query: list[float], **options: Any
+    db: Database, caller: store.Caller, query: list[float], model: str = MODEL, **options: Any
 ) -> list[store.Hit]:
     # From a new session by default: with none named, recall would treat the
     # active session (the last one written) as the turn's and leave its window out.
@@ -70,7 +73,7 @@ async def recall(
         "k": 3,
         "min_score": 0.3,
     } | options
-    return await store.recall(db, caller, query=query, **args)
+    return await store.recall(db, caller, query=store.Embedding(model, query), **args)
 
 
 async def test_hits_are_the_callers_best_first_with_their_answers(
@@ -208,7 +211,7 @@ def test_the_data_api_cannot_read_vectors(
         assert refused(gateway, "select * from memchat.message_embeddings", {})
         assert refused(
             gateway,
-            "select memchat.recall(null, 'default', 10, %(v)s::extensions.vector, 3, 0, 0.9)",
+            "select memchat.recall(null, 'default', 10, %(v)s::extensions.vector, 'm', 3, 0, 0.9)",
             {"v": store.fragments.vector_literal(unit(1))},
         )
 
@@ -224,3 +227,41 @@ async def test_an_embedding_goes_with_its_message(
         "select count(*) from memchat.message_embeddings where session_id = %s", (info.id,)
     ).fetchone()
     assert left == 0
+
+
+async def test_only_embeddings_of_the_querys_model_are_compared(
+    db: Database, users: UserFactory, admin: psycopg.Connection
+) -> None:
+    """Two models' vectors live side by side (a model changed, a backfill
+    under way): each query sees its own model's only, however close the
+    other's are."""
+    alice = users.create()
+    old = await say(db, alice, "old model", unit(1), model="model-a")
+    new = await say(db, alice, "new model", angled(0.6), model="model-b")
+    assert [h.message_id for h in await recall(db, alice, unit(1), "model-b")] == [
+        new.message_ids[0]
+    ]
+    assert [h.message_id for h in await recall(db, alice, unit(1), "model-a")] == [
+        old.message_ids[0]
+    ]
+    assert await recall(db, alice, unit(1), "model-c", min_score=-1) == []
+    stored = admin.execute(
+        "select message_id, model from memchat.message_embeddings where user_id = %s"
+        " order by message_id",
+        (alice.user_id,),
+    ).fetchall()
+    assert stored == [(old.message_ids[0], "model-a"), (new.message_ids[0], "model-b")]
+
+
+async def test_an_embedding_of_unknown_model_is_never_recalled(
+    db: Database, users: UserFactory, admin: psycopg.Connection
+) -> None:
+    """What was stored before models were recorded has none (null): no query
+    names it, so it is never compared with anything."""
+    alice = users.create()
+    info = await say(db, alice, "from before", unit(1))
+    admin.execute(
+        "update memchat.message_embeddings set model = null where message_id = %s",
+        (info.message_ids[0],),
+    )
+    assert await recall(db, alice, unit(1), min_score=-1) == []

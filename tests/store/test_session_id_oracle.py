@@ -44,7 +44,15 @@ LOOKUPS: dict[str, tuple[Query, Any]] = {
     ),
     "recall": (
         store.embeddings.RECALL,
-        lambda sid: (sid, "default", 10, "[" + ",".join(["0.1"] * 512) + "]", 3, 0.3, 0.9),
+        lambda sid: store.embeddings.recall_args(
+            session_id=sid,
+            agent_name="default",
+            window=10,
+            query=store.Embedding("m", [0.1] * 512),
+            k=3,
+            min_score=0.3,
+            text="hello",
+        ),
     ),
 }
 

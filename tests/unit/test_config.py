@@ -242,7 +242,11 @@ def test_the_summary_worker_needs_no_token_settings_but_the_model_key(
     settings = load_settings(job="summaries")  # no SUPABASE_JWT_SECRET / SUPABASE_URL needed
     assert settings.route_groups == frozenset() and settings.calls_model
     assert settings.openai_api_key == "sk-test"
-    assert secret_settings({"chat"}, "summaries") == ("database_url", "openai_api_key")
+    assert secret_settings({"chat"}, "summaries") == (
+        "database_url",
+        "openai_api_key",
+        "embedding_api_key",
+    )
     assert secret_settings(set(), "cleanup") == ("database_url",)
 
 
@@ -290,6 +294,7 @@ def test_the_secrets_each_route_group_reads() -> None:
         "database_url",
         "supabase_jwt_secret",
         "openai_api_key",
+        "embedding_api_key",
     }
     assert set(secret_settings(ROUTE_GROUPS)) == set(secret_settings(["chat"]))
     for groups in (["sessions"], ["export"], ["sessions", "export"]):
@@ -338,3 +343,83 @@ def test_every_problem_is_reported_at_once(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(ConfigError) as error:
         load_settings()
     assert "DATABASE_URL" in str(error.value) and "MAX_MESSAGE_CHARS" in str(error.value)
+
+
+# ------------------------------------------------------------ embeddings
+
+
+def test_embeddings_default_to_the_chat_models_provider(minimal: None) -> None:
+    """Unset, the embedding settings keep what they always were: the chat
+    model's URL and key, text-embedding-3-small at 512, no prefixes."""
+    settings = load_settings()
+    assert settings.embedding_base_url is None and settings.embedding_api_key is None
+    assert settings.embeddings_shared
+    assert settings.openai_embedding_model == "text-embedding-3-small"
+    assert settings.embedding_dimensions == 512
+    assert settings.embedding_query_prefix == settings.embedding_document_prefix == ""
+    assert settings.embedding_batch_size == 64
+
+
+def test_embeddings_from_another_provider(minimal: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBEDDING_BASE_URL", "http://127.0.0.1:8001/v1")
+    monkeypatch.setenv("EMBEDDING_API_KEY", "local")
+    monkeypatch.setenv("EMBEDDING_QUERY_PREFIX", "query: ")
+    monkeypatch.setenv("EMBEDDING_DOCUMENT_PREFIX", "passage: ")
+    monkeypatch.setenv("EMBEDDING_BATCH_SIZE", "16")
+    settings = load_settings()
+    assert (settings.embedding_base_url, settings.embedding_api_key) == (
+        "http://127.0.0.1:8001/v1",
+        "local",
+    )
+    assert not settings.embeddings_shared
+    # The prefixes are kept as written: e5's end in a space.
+    assert (settings.embedding_query_prefix, settings.embedding_document_prefix) == (
+        "query: ",
+        "passage: ",
+    )
+    assert settings.embedding_batch_size == 16
+    # The same URL and key as the chat model's are the chat model's provider.
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8001/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "local")
+    assert load_settings().embeddings_shared
+
+
+@pytest.mark.parametrize("key", ["changeme", "<your-key>", "sk-..."])
+def test_a_placeholder_embedding_key_fails_at_start_by_name(
+    minimal: None, monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    monkeypatch.setenv("EMBEDDING_API_KEY", key)
+    with pytest.raises(ConfigError, match="EMBEDDING_API_KEY looks like a placeholder"):
+        load_settings()
+
+
+def test_blank_embedding_url_and_key_mean_the_chat_models(
+    minimal: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EMBEDDING_BASE_URL", " ")
+    monkeypatch.setenv("EMBEDDING_API_KEY", "")
+    settings = load_settings()
+    assert settings.embedding_base_url is None and settings.embedding_api_key is None
+    assert settings.embeddings_shared
+
+
+@pytest.mark.parametrize("groups", ["sessions", "export"])
+def test_without_chat_no_embedding_key_is_kept(
+    minimal: None, monkeypatch: pytest.MonkeyPatch, groups: str
+) -> None:
+    monkeypatch.setenv("ROUTE_GROUPS", groups)
+    monkeypatch.setenv("EMBEDDING_API_KEY", REAL_LOOKING_KEY)
+    assert load_settings().embedding_api_key is None
+    assert load_settings(job="summaries").embedding_api_key == REAL_LOOKING_KEY
+    assert load_settings(job="cleanup").embedding_api_key is None
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("EMBEDDING_BATCH_SIZE", "0"), ("EMBEDDING_BATCH_SIZE", "2049")]
+)
+def test_out_of_range_embedding_values_name_the_variable(
+    minimal: None, monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=f"invalid configuration: .*{name}"):
+        load_settings()

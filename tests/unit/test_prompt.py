@@ -37,6 +37,14 @@ def hit(question: str, score: float, *, day: int = 0, answer: str | None = "ok")
     )
 
 
+def with_before(base: Hit, question: str, answer: str | None = "earlier answer") -> Hit:
+    from dataclasses import replace
+
+    from memchat.store import Neighbour
+
+    return replace(base, before=Neighbour(base.message_id + 1000, question, answer))
+
+
 def window(*texts: str) -> list[dict[str, str]]:
     roles = ["user", "assistant"]
     return [{"role": roles[i % 2], "content": t} for i, t in enumerate(texts)]
@@ -113,10 +121,11 @@ def test_the_oldest_window_messages_go_first_but_never_the_newest_two(
     assert memory.truncated and memory.tokens <= 800
 
 
-def test_then_the_lowest_scored_hits(counter: TokenCounter) -> None:
-    hits = [hit("alpha " * 50, 0.9, day=1), hit("beta " * 50, 0.4, day=2), hit("gamma", 0.6, day=3)]
+def test_then_the_last_recalled_hits(counter: TokenCounter) -> None:
+    # Best first, as recall ranks them (fused ranks: not by similarity alone).
+    hits = [hit("alpha " * 50, 0.9, day=1), hit("gamma", 0.6, day=3), hit("beta " * 50, 0.7, day=2)]
     full = prompt.fit(counter, budget=100_000, notes="", hits=hits, window=window("a", "b", "c"))
-    budget = full.tokens - 20  # dropping "beta" (the lowest) is enough
+    budget = full.tokens - 20  # dropping "beta" (the last) is enough
     memory = prompt.fit(counter, budget=budget, notes="", hits=hits, window=window("a", "b", "c"))
     assert [h.score for h in memory.hits] == [0.9, 0.6]
     assert len(memory.window) == 2  # the oldest window message went first
@@ -288,3 +297,46 @@ def test_a_block_that_is_not_memchats_is_not_read() -> None:
     assert prompt.read_memory(block.replace(messages.MEMORY_PREAMBLE, "Trust me:")) is None
     unquoted = block.replace('"- n"', "- n")
     assert prompt.read_memory(unquoted) is None
+
+
+def test_a_hit_shows_the_exchange_before_it_and_reads_back(counter: TokenCounter) -> None:
+    first = with_before(hit("and the second thing", 0.8, day=1), "first I said this")
+    block = prompt.memory_block("", [first], "")
+    lines = block.split("\n")
+    start = lines.index(messages.RECALL_PREAMBLE) + 1
+    assert lines[start + 1 : start + 5] == [
+        'User: "first I said this"',
+        'Assistant: "earlier answer"',
+        'User: "and the second thing"',
+        'Assistant: "ok"',
+    ]
+    (read,) = prompt.read_memory(block).recalled  # type: ignore[union-attr]
+    assert (read.before, read.question, read.answer) == (
+        ("first I said this", "earlier answer"),
+        "and the second thing",
+        "ok",
+    )
+
+
+def test_a_neighbour_that_is_itself_recalled_is_shown_once() -> None:
+    one = hit("the first", 0.8, day=1)
+    two = Hit(**{**vars(hit("the second", 0.7, day=1)), "message_id": 50})
+    from memchat.store import Neighbour
+
+    two = Hit(**{**vars(two), "before": Neighbour(one.message_id, "the first", "ok")})
+    block = prompt.memory_block("", [one, two], "")
+    assert block.count('User: "the first"') == 1
+
+
+def test_neighbours_go_before_any_hit(counter: TokenCounter) -> None:
+    hits = [
+        with_before(hit("alpha", 0.9, day=1), "long before " * 40),
+        with_before(hit("gamma", 0.6, day=3), "other before " * 40),
+    ]
+    full = prompt.fit(counter, budget=100_000, notes="", hits=hits, window=[])
+    budget = full.tokens - 20  # one neighbour's worth
+    memory = prompt.fit(counter, budget=budget, notes="", hits=hits, window=[])
+    assert [h.question for h in memory.hits] == ["alpha", "gamma"]
+    # The last recalled hit's neighbour went first.
+    assert [h.before is not None for h in memory.hits] == [True, False]
+    assert memory.dropped == ["neighbour"] and memory.tokens <= budget

@@ -15,7 +15,8 @@ per reply) pace it; a non-streamed answer waits as long as its stream would
 take to end, so the two compare fairly in benchmarks.
 
 `POST /v1/embeddings` has its own script (`script_embeddings`) and request
-log (`embedding_requests`): a turn embeds while it talks to the model, so an
+log (`embedding_requests`, and the Authorization header each came with in
+`embedding_authorizations`): a turn embeds while it talks to the model, so an
 embedding must never take a chat reply, and `calls`/`requests` count chat
 completions only. By default it answers with memchat's local embedder
 (`memchat.model.embeddings.local_embedding`), honouring `dimensions`.
@@ -65,6 +66,7 @@ class FakeOpenAI:
         self.chunk_delay = chunk_delay
         self.requests: list[dict[str, Any]] = []  # chat completions only
         self.embedding_requests: list[dict[str, Any]] = []
+        self.embedding_authorizations: list[str | None] = []
         self._script: deque[dict[str, Any]] = deque()
         self._embedding_script: deque[dict[str, Any]] = deque()
         self._lock = threading.Lock()
@@ -78,6 +80,7 @@ class FakeOpenAI:
                 length = int(self.headers.get("content-length", 0))
                 body = json.loads(self.rfile.read(length))
                 if self.path.endswith("/embeddings"):
+                    fake.embedding_authorizations.append(self.headers.get("authorization"))
                     reply = fake._next(fake.embedding_requests, fake._embedding_script, body)
                     status, content_type, data = fake._respond_embeddings(body, reply)
                 else:
@@ -181,6 +184,7 @@ class FakeOpenAI:
             self.requests.clear()
             self._embedding_script.clear()
             self.embedding_requests.clear()
+            self.embedding_authorizations.clear()
 
     @property
     def calls(self) -> int:

@@ -22,7 +22,7 @@ from memchat.config import Settings
 from memchat.errors import MemchatError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Iterable, Iterator, Mapping
 
     from starlette.routing import BaseRoute
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -36,8 +36,23 @@ TOO_LARGE = f"The request body is over {MAX_BODY_BYTES} bytes."
 CLOSE = {"Connection": "close"}
 
 
+class BodyLimits:
+    """The most bytes a request's body may have: MAX_BODY_BYTES, unless its
+    route (method, path) has a cap of its own (a history import's)."""
+
+    def __init__(self, larger: Mapping[tuple[str, str], int] | None = None) -> None:
+        self._larger = dict(larger or {})
+
+    def of(self, scope: Scope) -> int:
+        return self._larger.get((scope.get("method", ""), scope.get("path", "")), MAX_BODY_BYTES)
+
+    @staticmethod
+    def too_large(limit: int) -> str:
+        return TOO_LARGE if limit == MAX_BODY_BYTES else f"The request body is over {limit} bytes."
+
+
 class BodyLimit:
-    """Refuses a request body past `limit` bytes as it arrives.
+    """Refuses a request body past its limit (`limits`) as it arrives.
 
     A body with a Content-Length over the limit is refused before it is read
     (request_context); a chunked one has none, so the bytes are counted as the
@@ -47,28 +62,29 @@ class BodyLimit:
     Nothing reads past that point: later reads see the client as gone.
     """
 
-    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, app: ASGIApp, limits: BodyLimits | None = None) -> None:
         self.app = app
-        self.limit = limit
+        self.limits = limits or BodyLimits()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.limits.of(scope)
         received = 0
         responded = False
 
         async def limited_receive() -> Message:
             nonlocal received
-            if received > self.limit:
+            if received > limit:
                 return {"type": "http.disconnect"}  # read no further
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.limit:
+                if received > limit:
                     if responded:  # too late for a 413: as if the client had gone
                         return {"type": "http.disconnect"}
-                    raise HTTPException(413, TOO_LARGE, headers=CLOSE)
+                    raise HTTPException(413, BodyLimits.too_large(limit), headers=CLOSE)
             return message
 
         async def watched_send(message: Message) -> None:
@@ -98,8 +114,9 @@ class RequestContext:
     the request id.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, body_limits: BodyLimits | None = None) -> None:
         self.app = app
+        self.body_limits = body_limits or BodyLimits()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -121,7 +138,7 @@ class RequestContext:
 
         with logs.request_scope(request_id):
             try:
-                refusal = _refusal(request)
+                refusal = _refusal(request, self.body_limits.of(scope))
                 if refusal is not None:
                     await refusal(scope, receive, send_with_id)
                 else:
@@ -138,15 +155,16 @@ class RequestContext:
                 _log_request(request, status, time.perf_counter() - started, client_gone)
 
 
-def _refusal(request: Request) -> Response | None:
+def _refusal(request: Request, body_limit: int) -> Response | None:
     """The answer to a request refused before the app sees it, if it is."""
     try:
         deps.check_query(request.scope.get("query_string", b""))
     except MemchatError as exc:
         return errors.error_response(request, exc.status, exc.code, exc.detail)
     length = request.headers.get("content-length")
-    if length and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        return errors.error_response(request, 413, "payload_too_large", TOO_LARGE, CLOSE)
+    if length and length.isdigit() and int(length) > body_limit:
+        detail = BodyLimits.too_large(body_limit)
+        return errors.error_response(request, 413, "payload_too_large", detail, CLOSE)
     return None
 
 
@@ -248,11 +266,17 @@ def create_app(settings: Settings, state: AppState) -> FastAPI:
     docs.install(app)
     app.state.memchat = state
     errors.install(app)
+    limits = BodyLimits()
+    if settings.serves("sessions"):
+        from memchat.api.routes import imports
+
+        # A history import's body is larger than any other request's: its own cap.
+        limits = BodyLimits({route: settings.import_max_bytes for route in imports.LARGE_BODIES})
     # Inside request_context (added before it), so the route reads the body
     # through it directly and its 413 reaches the error handlers.
-    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(BodyLimit, limits=limits)
 
-    app.add_middleware(RequestContext)
+    app.add_middleware(RequestContext, body_limits=limits)
 
     if settings.cors_allow_origins:
         from fastapi.middleware.cors import CORSMiddleware
@@ -271,9 +295,10 @@ def create_app(settings: Settings, state: AppState) -> FastAPI:
 
     app.include_router(health.router)
     if settings.serves("chat"):
-        from memchat.api.routes import chat
+        from memchat.api.routes import chat, search
 
         app.include_router(chat.router)
+        app.include_router(search.router)
     if settings.serves("sessions"):
         from memchat.api.routes import clear
 
@@ -283,9 +308,10 @@ def create_app(settings: Settings, state: AppState) -> FastAPI:
 
         app.include_router(export.router)
     if settings.serves("sessions"):
-        from memchat.api.routes import account, feedback, memory, sessions, stats
+        from memchat.api.routes import account, feedback, imports, memory, sessions, stats
 
         app.include_router(sessions.router)
+        app.include_router(imports.router)
         app.include_router(feedback.router)
         app.include_router(stats.router)
         app.include_router(memory.router)

@@ -4,22 +4,32 @@ With no DATABASE_URL, every command uses the embedded PostgreSQL under
 `.memchat/` (started on demand), so nothing needs to be installed or run
 beforehand.
 
-One module per command group (dev; db with migrate; token; chat; cleanup;
-summarize; stats), each adding its commands to the parser (`register`);
-`base` holds what several of them use.
+One module per command group (dev; db with migrate; token; chat;
+history_import: import; cleanup; summarize; stats; embeddings), each adding its
+commands to the parser (`register`); `base` holds what several of them use.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from memchat.cli import chat, cleanup, db, dev, stats, summarize, token
+from memchat.cli import (
+    chat,
+    cleanup,
+    db,
+    dev,
+    embeddings,
+    history_import,
+    stats,
+    summarize,
+    token,
+)
 from memchat.cli.base import Handled
 
 __all__ = ["build_parser", "main"]
 
 # In the order `memchat --help` lists them (db adds `db` and `migrate`).
-COMMAND_GROUPS = (dev, db, token, chat, cleanup, summarize, stats)
+COMMAND_GROUPS = (dev, db, token, chat, history_import, cleanup, summarize, stats, embeddings)
 
 
 def build_parser() -> argparse.ArgumentParser:

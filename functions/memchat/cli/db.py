@@ -1,23 +1,60 @@
-"""`memchat db status|stop` (the embedded PostgreSQL) and `memchat migrate`."""
+"""`memchat db status|stop` (the embedded PostgreSQL), `memchat db reembed`
+(the stored embeddings: their column's size, and every message embedded with
+the configured model) and `memchat migrate`."""
 
 from __future__ import annotations
 
+import argparse
 import os
-from typing import TYPE_CHECKING
+import sys
+import time
+from typing import TYPE_CHECKING, Any
 
 from memchat.cli.base import add_described_command, database_url, err
 
 if TYPE_CHECKING:
-    import argparse
-
     from memchat.cli.base import Subcommands
+    from memchat.config import Settings
+    from memchat.usecases.backfill import EmbeddingRun
 
 DB_DESCRIPTION = """\
-The embedded PostgreSQL that memchat commands start when DATABASE_URL is
-unset, by its data directory $MEMCHAT_HOME/pgdata (default .memchat/pgdata in
-the current directory). `memchat dev` stops the server it started when it
-stops; one started by another command (memchat token, migrate, chat...), or
-left by a crash, keeps running until `memchat db stop`.
+status, stop: the embedded PostgreSQL that memchat commands start when
+DATABASE_URL is unset, by its data directory $MEMCHAT_HOME/pgdata (default
+.memchat/pgdata in the current directory). `memchat dev` stops the server it
+started when it stops; one started by another command (memchat token,
+migrate, chat...), or left by a crash, keeps running until `memchat db stop`.
+
+reembed: the stored embeddings, on DATABASE_URL (or the embedded server).
+"""
+
+REEMBED_DESCRIPTION = """\
+Embed every stored message (of live sessions) that has no embedding of the
+configured model: OPENAI_EMBEDDING_MODEL at EMBEDDING_BASE_URL (or
+OPENAI_BASE_URL), EMBEDDING_DIMENSIONS floats; with --embeddings local, the
+local all-MiniLM-L6-v2 (384). It needs a provider: OPENAI_API_KEY, or
+EMBEDDING_API_KEY or EMBEDDING_BASE_URL, or --embeddings local (with none
+of them it refuses, exit code 2: it never stores `memchat dev`'s offline
+stand-in embeddings in a database). Run it after changing the embedding model or
+size, and once after the migration that began recording models (the
+embeddings stored before it are of an unknown model and never recalled;
+--adopt-unknown marks them as the configured model's instead, if it made
+them).
+
+--dimensions N first changes the stored column to vector(N) (the embeddings
+of another size are deleted, in the same transaction: their messages stay,
+and are embedded again here); EMBEDDING_DIMENSIONS must then be N for the
+API and the worker (they refuse to start, or to embed, otherwise).
+
+It works through the embedding backfill's queue (what the summary worker
+runs): every session with such a message is queued, and the messages are
+embedded in batches of EMBEDDING_BATCH_SIZE, stored as they come, with a
+progress bar on a terminal. Stopped (Ctrl-C, a failing provider), it leaves
+the rest queued: the next run, or the deployed worker, continues where it
+stopped.
+
+It connects with DATABASE_URL as it is: the owner's connection, with the
+migrations' rights (it changes the table and reads every user's messages),
+never the API's or the worker's.
 """
 
 
@@ -60,11 +97,154 @@ def apply_migrations(url: str) -> None:
     err(f"migrations: {len(applied)} applied" + (f" ({', '.join(applied)})" if applied else ""))
 
 
+def cmd_reembed(args: argparse.Namespace) -> int:
+    """`memchat db reembed`: the column's size if asked, then every message
+    lacking an embedding of the configured model embedded."""
+    import asyncio
+    import logging
+
+    from memchat import store
+    from memchat.config import ConfigError
+
+    logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING").upper())
+    url = database_url()
+    server = None
+    try:
+        overrides: dict[str, Any] = {"database_url": url, "job": "summaries"}
+        if args.embeddings == "local":
+            from memchat.cli.embeddings import local_settings, start_server
+
+            server = start_server("127.0.0.1", 0, background=True)
+            overrides.update(local_settings(server))
+        if args.dimensions is not None:
+            overrides["embedding_dimensions"] = args.dimensions
+        if not os.environ.get("OPENAI_API_KEY"):
+            overrides["offline_model"] = True
+        try:
+            settings = _reembed_settings(overrides)
+        except ConfigError as exc:
+            err(str(exc))
+            return 2
+        if settings.offline_model and settings.embeddings_shared:
+            # No provider at all: the stand-in would fill the database with
+            # vectors no real model made (and recall would compare them).
+            err(
+                "reembed: no embeddings provider is configured: set OPENAI_API_KEY (or"
+                " EMBEDDING_API_KEY and/or EMBEDDING_BASE_URL for another provider), or"
+                " pass --embeddings local to embed with all-MiniLM-L6-v2 on this machine"
+            )
+            return 2
+        with store.connect(url) as conn:
+            if not _fit_column(conn, settings, resize=args.dimensions is not None):
+                return 2
+            model = _embedding_model(settings)
+            if args.adopt_unknown:
+                adopted = store.adopt_unknown_embeddings(conn, model)
+                err(f"reembed: {adopted} embeddings of an unknown model marked as {model}'s")
+            sessions = store.queue_unembedded(conn, model)
+            total = store.count_unembedded(conn, model)
+        err(f"reembed: {total} messages in {sessions} sessions to embed with {model}")
+        run = asyncio.run(_embed_queued(settings, total))
+        with store.connect(url) as conn:
+            left = store.count_unembedded(conn, model)
+    finally:
+        if server is not None:
+            server.close()
+    err(f"reembed: {run.embedded} embedded in {run.duration_ms / 1000:.1f} s; {left} left")
+    if left:
+        err("reembed: run it again to continue (the provider failed? see above)")
+        return 1
+    return 0
+
+
+def _reembed_settings(overrides: dict[str, Any]) -> Settings:
+    from memchat.config import load_settings
+
+    return load_settings(**overrides)
+
+
+def _embedding_model(settings: Settings) -> str:
+    """The model name the backfill records."""
+    from memchat.model.client import ModelClient
+
+    return ModelClient(settings).embedding_model
+
+
+def _fit_column(conn: Any, settings: Settings, *, resize: bool) -> bool:
+    """Whether the column has EMBEDDING_DIMENSIONS (after changing it, with
+    `resize`); says what it did or why not."""
+    from memchat import store
+
+    stored = store.embedding_dimensions(conn, role=None)
+    wanted = settings.embedding_dimensions
+    if stored == wanted:
+        return True
+    if not resize:
+        err(
+            f"reembed: the database stores vector({stored}) embeddings but"
+            f" EMBEDDING_DIMENSIONS is {wanted}: pass --dimensions {wanted} to change the"
+            f" column (its vector({stored}) embeddings are deleted), or set"
+            f" EMBEDDING_DIMENSIONS={stored}"
+        )
+        return False
+    deleted = store.resize_embeddings(conn, wanted)
+    err(
+        f"reembed: the column is now vector({wanted});"
+        f" {deleted} vector({stored}) embeddings deleted"
+    )
+    return True
+
+
+async def _embed_queued(settings: Settings, total: int) -> EmbeddingRun:
+    """The backfill, with the owner's connection, until the queue is empty (or stuck)."""
+    from memchat import bootstrap
+
+    embedder = bootstrap.embedder(settings)
+    progress = _Progress(total)
+    embedder.on_stored = progress.advance
+    try:
+        return await embedder.run()
+    finally:
+        progress.close()
+        await embedder.close()
+
+
+class _Progress:
+    """A progress bar on stderr, when it is a terminal (else silent)."""
+
+    WIDTH = 30
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+        self.started = time.monotonic()
+        self.shown = 0.0
+        self.on = sys.stderr.isatty()
+
+    def advance(self, count: int) -> None:
+        self.done += count
+        now = time.monotonic()
+        if self.on and (now - self.shown > 0.2 or self.done >= self.total):
+            self.shown = now
+            share = min(self.done / self.total, 1.0) if self.total else 1.0
+            bar = "#" * int(share * self.WIDTH)
+            rate = self.done / max(now - self.started, 1e-9)
+            sys.stderr.write(
+                f"\r[{bar:<{self.WIDTH}}] {self.done}/{self.total} messages, {rate:.0f}/s"
+            )
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.on and self.shown:
+            sys.stderr.write("\n")
+
+
 def register(commands: Subcommands) -> None:
     db = add_described_command(
         commands,
         "db",
-        "the embedded PostgreSQL under $MEMCHAT_HOME (default .memchat/): status, stop",
+        "the embedded PostgreSQL under $MEMCHAT_HOME (default .memchat/): status, stop;"
+        " the stored embeddings: reembed",
         DB_DESCRIPTION,
     )
     db_sub = db.add_subparsers(dest="db_command", required=True)
@@ -74,6 +254,33 @@ def register(commands: Subcommands) -> None:
     db_sub.add_parser(
         "stop", help="stop it (fast: open transactions roll back, clients are disconnected)"
     ).set_defaults(func=cmd_db)
+    reembed = db_sub.add_parser(
+        "reembed",
+        help="embed every stored message that has no embedding of the configured model"
+        " (the owner's connection: migrations' rights)",
+        description=REEMBED_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    reembed.add_argument(
+        "--dimensions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="first change the stored column to vector(N), deleting embeddings of another size",
+    )
+    reembed.add_argument(
+        "--adopt-unknown",
+        action="store_true",
+        help="mark embeddings of unknown model (stored before models were recorded) as the"
+        " configured model's, instead of embedding their messages again",
+    )
+    reembed.add_argument(
+        "--embeddings",
+        choices=["provider", "local"],
+        default="provider",
+        help="local: embed with all-MiniLM-L6-v2 on this machine (384 dimensions)",
+    )
+    reembed.set_defaults(func=cmd_reembed)
 
     mig = commands.add_parser("migrate", help="apply supabase/migrations to DATABASE_URL")
     mig.set_defaults(func=cmd_migrate)

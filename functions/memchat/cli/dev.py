@@ -1,4 +1,6 @@
-"""`memchat dev`: the API locally on one URL, with the chat page and the summary worker."""
+"""`memchat dev`: the API locally on one URL, with the chat page, the summary
+worker and the embedding backfill, and (--embeddings local) a local
+embeddings server."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
 
     from memchat.cli.base import Subcommands
     from memchat.config import Settings
+    from memchat.model.embedding_server import EmbeddingServer
 
 DEV_DESCRIPTION = """\
 Run the API locally on one URL: the chat page at /, docs at /docs.
@@ -33,7 +36,17 @@ stop` stops it.
 
 It prints the model it answers with (OPENAI_MODEL at OPENAI_BASE_URL, the key
 masked; the offline responder without OPENAI_API_KEY), and refuses to start
-(exit code 1) when --port is taken. Logs go to stderr, one line per request
+(exit code 1) when --port is taken.
+
+Embeddings (recall): from the model's provider, or EMBEDDING_BASE_URL. With
+--embeddings local, from all-MiniLM-L6-v2 on this machine: memchat dev
+starts the local embeddings server (`memchat embeddings serve`) on a free
+port and points memchat at it (OPENAI_EMBEDDING_MODEL=all-MiniLM-L6-v2,
+EMBEDDING_DIMENSIONS=384). The database's embedding column must then hold
+384 dimensions: an empty one is changed at once; one holding embeddings of
+another size is left alone and memchat dev refuses to start (exit code 2):
+`memchat db reembed --dimensions 384 --embeddings local` changes it and
+embeds every stored message again. Logs go to stderr, one line per request
 (method, route, status, duration, request id, user id, and the client's
 X-Request-ID when it is safe); LOG_LEVEL=DEBUG adds
 an unexpected error's frames, never a request's content.
@@ -56,7 +69,8 @@ class _DevRun:
 
     embedded: bool  # no DATABASE_URL: the embedded PostgreSQL
     started_db: bool = False  # ... which this run started (else: left running)
-    worker: _SummaryWorker | None = None
+    worker: _BackgroundWorker | None = None
+    embeddings: EmbeddingServer | None = None  # --embeddings local
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
@@ -70,9 +84,10 @@ def cmd_dev(args: argparse.Namespace) -> int:
         return 2
     logs.configure_dev(level)
     if level == "INFO":
-        # The worker's run record, every --summary-every seconds: JSON fields
-        # for CloudWatch, noise here (it says when it summarized something).
+        # The worker's run records, every --summary-every seconds: JSON fields
+        # for CloudWatch, noise here (it says when it did something).
         logging.getLogger("memchat.usecases.summarize").setLevel(logging.WARNING)
+        logging.getLogger("memchat.usecases.backfill").setLevel(logging.WARNING)
     previous = signal.getsignal(signal.SIGINT), signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         # The port first: nothing is started, nor printed, for a server that cannot listen.
@@ -127,6 +142,10 @@ def _dev(args: argparse.Namespace, sock: socket.socket, run: _DevRun) -> int:
             f"\n  Set OPENAI_API_KEY (and OPENAI_BASE_URL for other providers) for a real model."
             f"\n{banner}\n"
         )
+    if args.embeddings == "local":
+        code = _local_embeddings(url, run, overrides)
+        if code:
+            return code
     port = int(sock.getsockname()[1])  # --port 0: the one the system chose
     base = f"http://{args.host}:{port}"
     if not os.environ.get("CORS_ALLOW_ORIGINS"):
@@ -140,7 +159,7 @@ def _dev(args: argparse.Namespace, sock: socket.socket, run: _DevRun) -> int:
         err(str(exc))
         return 2
     if args.summary_every > 0:
-        run.worker = _SummaryWorker(worker_settings(url, overrides), args.summary_every)
+        run.worker = _BackgroundWorker(worker_settings(url, overrides), args.summary_every)
     page_token = mint_local_token(None, DEFAULT_EMAIL, 3600 * 12)
     err(model_line(settings))
     err(f"API on {base}   docs: {base}/docs")
@@ -153,6 +172,38 @@ def _dev(args: argparse.Namespace, sock: socket.socket, run: _DevRun) -> int:
     # through the same handler (log_config=None), warnings and up.
     config = uvicorn.Config(app, log_level="warning", access_log=False, log_config=None)
     uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
+def _local_embeddings(owner_url: str, run: _DevRun, overrides: dict[str, Any]) -> int:
+    """Start the local embeddings server and point the settings at it; make
+    the database's column 384 wide if it holds no embedding. 0, or the exit
+    code when that cannot be done (said why)."""
+    from memchat import store
+    from memchat.cli.embeddings import local_settings, start_server
+    from memchat.model.minilm import ModelUnavailable
+
+    try:
+        run.embeddings = start_server("127.0.0.1", 0, background=True)
+    except ModelUnavailable as exc:
+        err(f"memchat dev --embeddings local: {exc}")
+        return 2
+    local = local_settings(run.embeddings)
+    overrides.update(local)
+    wanted = local["embedding_dimensions"]
+    with store.connect(owner_url) as conn:
+        stored = store.embedding_dimensions(conn, role=None)
+        if stored != wanted and not store.has_embeddings(conn):
+            store.resize_embeddings(conn, wanted)
+            err(f"embeddings: the empty embedding column is now vector({wanted})")
+        elif stored != wanted:
+            err(
+                f"memchat dev --embeddings local: the database stores vector({stored})"
+                f" embeddings and all-MiniLM-L6-v2 makes {wanted} dimensions. Run `memchat db"
+                f" reembed --dimensions {wanted} --embeddings local` (it deletes those"
+                " embeddings and embeds every stored message again), or leave out --embeddings."
+            )
+            return 2
     return 0
 
 
@@ -185,6 +236,8 @@ def _stop_dev(sock: socket.socket, run: _DevRun) -> bool:
     sock.close()
     if run.worker is not None:
         run.worker.stop()
+    if run.embeddings is not None:
+        run.embeddings.close()
     if not run.embedded:
         return True
     if not run.started_db:
@@ -205,12 +258,16 @@ def _stop_dev(sock: socket.socket, run: _DevRun) -> bool:
 
 
 def model_line(settings: Settings) -> str:
-    """Which model answers, at which URL, with which key (masked)."""
+    """Which model answers, at which URL, with which key (masked), and which
+    model embeds (and where, when that is not the model's provider)."""
+    embeddings = f"embeddings: {settings.openai_embedding_model}"
+    if not settings.embeddings_shared:
+        url = settings.embedding_base_url or settings.openai_base_url
+        where = _shown_url(url) if url else "https://api.openai.com/v1"
+        embeddings += f" at {where} ({settings.embedding_dimensions} dimensions)"
     if settings.offline_model:
-        return (
-            "model:      the offline responder (OPENAI_API_KEY is not set);"
-            " recall: a local stand-in embedder"
-        )
+        recall = "recall: a local stand-in embedder" if settings.embeddings_shared else embeddings
+        return f"model:      the offline responder (OPENAI_API_KEY is not set); {recall}"
     base = (
         _shown_url(settings.openai_base_url)
         if settings.openai_base_url
@@ -218,8 +275,7 @@ def model_line(settings: Settings) -> str:
     )
     return (
         f"model:      {settings.openai_model} at {base}, key"
-        f" {mask_key(settings.openai_api_key or '')}; embeddings:"
-        f" {settings.openai_embedding_model}"
+        f" {mask_key(settings.openai_api_key or '')}; {embeddings}"
     )
 
 
@@ -256,9 +312,10 @@ def _api_url(owner_url: str) -> str:
     return url
 
 
-class _SummaryWorker:
-    """The summary worker, every `every` seconds, beside `memchat dev` (what
-    the deployed SummaryFunction does on its schedule), until `stop()`."""
+class _BackgroundWorker:
+    """The summary worker and the embedding backfill, every `every` seconds,
+    beside `memchat dev` (what the deployed SummaryFunction does on its
+    schedule), until `stop()`."""
 
     def __init__(self, settings: Settings, every: float) -> None:
         import threading
@@ -268,7 +325,10 @@ class _SummaryWorker:
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="summaries", daemon=True)
         self.thread.start()
-        err(f"summaries:  the worker runs every {every:g} s (--summary-every)")
+        err(
+            f"summaries:  the worker (summaries, then embeddings) runs every {every:g} s"
+            " (--summary-every)"
+        )
 
     def _run(self) -> None:
         import asyncio
@@ -281,13 +341,16 @@ class _SummaryWorker:
         from memchat import logs
 
         log = logging.getLogger("memchat.summaries")
-        summarizer = bootstrap.summarizer(self.settings)
+        summarizer, embedder = bootstrap.worker(self.settings)
         try:
             while not self.stopping.is_set():
                 try:
                     run = await summarizer.run(max_seconds=60)
                     if run.summarized:
                         log.info("summarized %d session(s)", run.summarized)
+                    embedded = await embedder.run(max_seconds=60)
+                    if embedded.embedded:
+                        log.info("embedded %d message(s)", embedded.embedded)
                 except Exception as exc:
                     if self.stopping.is_set():
                         break
@@ -314,6 +377,14 @@ def register(commands: Subcommands) -> None:
         "--summary-every",
         type=float,
         default=10.0,
-        help="run the summary worker every N seconds in the background (0: never; default 10)",
+        help="run the summary worker and the embedding backfill every N seconds in the"
+        " background (0: never; default 10)",
+    )
+    dev.add_argument(
+        "--embeddings",
+        choices=["provider", "local"],
+        default="provider",
+        help="provider: the model's (or EMBEDDING_BASE_URL's; default); local: all-MiniLM-L6-v2"
+        " on this machine, served in the background (384 dimensions)",
     )
     dev.set_defaults(func=cmd_dev)

@@ -1,4 +1,5 @@
-"""`memchat summarize`: the summary worker once (what the SummaryFunction does)."""
+"""`memchat summarize`: the summary worker and the embedding backfill once
+(what the SummaryFunction does)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ if TYPE_CHECKING:
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
-    """Summarize the sessions that are due now (what the SummaryFunction does)."""
+    """Summarize the sessions that are due now, then embed the messages queued
+    for embeddings (what the SummaryFunction does); print both runs."""
     import asyncio
 
     logging.basicConfig(level=os.environ.get("LOG_LEVEL", "WARNING").upper())
@@ -31,9 +33,11 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         return 2
 
     async def once() -> dict[str, Any]:
-        summarizer = bootstrap.summarizer(settings)
+        summarizer, embedder = bootstrap.worker(settings)
         try:
-            return (await summarizer.run(max_seconds=args.max_seconds)).as_dict()
+            run = (await summarizer.run(max_seconds=args.max_seconds)).as_dict()
+            embedded = await embedder.run(max_seconds=args.max_seconds)
+            return {**run, "embeddings": embedded.as_dict()}
         finally:
             await summarizer.close()
 
@@ -42,7 +46,8 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def worker_settings(owner_url: str, overrides: dict[str, Any]) -> Settings:
-    """Settings for the summary worker: its own role where it can log in."""
+    """Settings for the summary worker and the backfill: its own role where it
+    can log in."""
     from memchat import devdb
     from memchat.config import load_settings
 
@@ -55,6 +60,14 @@ def worker_settings(owner_url: str, overrides: dict[str, Any]) -> Settings:
 
 
 def register(commands: Subcommands) -> None:
-    summ = commands.add_parser("summarize", help="refresh the rolling summaries that are due now")
-    summ.add_argument("--max-seconds", type=float, default=None, help="stop after about N s")
+    summ = commands.add_parser(
+        "summarize",
+        help="refresh the rolling summaries that are due now, then embed queued messages",
+    )
+    summ.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="each job starts no new round after about N s",
+    )
     summ.set_defaults(func=cmd_summarize)

@@ -16,9 +16,16 @@ either: the Server-Sent Events are read here line by line, every chunk is
 checked like a whole answer is, and a stream that breaks off, reports an
 error or cannot be read is the provider's failure too.
 
-Embeddings (`ModelClient.embed`, for recall) go through the same client and
-the same reading of the body, but are optional: any failure is
-`EmbeddingUnavailable` and the turn answers without recall.
+Embeddings (`ModelClient.embed` for a turn's recall, `embed_many` for the
+backfill) come from any OpenAI-compatible `POST /embeddings`: the chat
+model's client (its connections and key shared) unless EMBEDDING_BASE_URL or
+EMBEDDING_API_KEY name another provider, which then gets a client of its
+own. The body is read the same way, every vector checked; any failure is
+`EmbeddingUnavailable` (a turn answers without recall, the backfill retries
+later). Each text is embedded as a `query` (the new message, searching) or
+a `document` (what is stored), with EMBEDDING_QUERY_PREFIX or
+EMBEDDING_DOCUMENT_PREFIX before it; `embedding_model` names the model
+recorded with what is stored.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import math
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from memchat.errors import UpstreamError, UpstreamTimeout
 from memchat.sse_reader import Event, Item, SSEReader, UnknownLine
@@ -48,6 +55,13 @@ UNREADABLE = "The model provider sent an answer that could not be read; nothing 
 NO_ANSWER = "The model provider returned no answer; nothing was stored."
 CUT_OFF = "The model provider's answer broke off before its end; nothing was stored."
 STREAM_ERROR = "The model provider reported an error while answering; nothing was stored."
+
+# What a text is embedded as: the message a turn searches with, or one stored.
+EmbeddingKind = Literal["query", "document"]
+# The model recorded for the offline responder's embeddings (`memchat dev`
+# with no key): feature hashing (memchat.model.embeddings), whatever
+# OPENAI_EMBEDDING_MODEL says, so they are never compared with a real model's.
+OFFLINE_EMBEDDING_MODEL = "memchat-offline-hashing-v1"
 
 
 class EmbeddingUnavailable(Exception):
@@ -92,10 +106,18 @@ class ModelClient:
 
     def __init__(self, settings: Settings, http_client: httpx.AsyncClient | None = None) -> None:
         self.model = settings.openai_model
+        # The offline responder embeds unless another provider is configured.
+        offline = settings.offline_model and settings.embeddings_shared
+        self.embedding_model = (
+            OFFLINE_EMBEDDING_MODEL if offline else settings.openai_embedding_model
+        )
         self._settings = settings
         self._http_client = http_client
         self._client: AsyncOpenAI | None = None
+        # Embeddings' provider when it is not the chat model's (else None).
+        self._provider: AsyncOpenAI | None = None
         self._embeddings_client: AsyncOpenAI | None = None
+        self._batch_client: AsyncOpenAI | None = None
 
     @classmethod
     def for_settings(cls, settings: Settings) -> ModelClient:
@@ -122,15 +144,43 @@ class ModelClient:
             )
         return self._client
 
+    def _embeddings_provider(self) -> AsyncOpenAI:
+        """The chat model's client (its HTTP connection pool and key shared),
+        unless EMBEDDING_BASE_URL or EMBEDDING_API_KEY name another provider."""
+        settings = self._settings
+        if settings.embeddings_shared:
+            return self._openai()
+        if self._provider is None:
+            from openai import AsyncOpenAI
+
+            self._provider = AsyncOpenAI(
+                # A local server that ignores keys still needs one sent.
+                api_key=settings.embedding_api_key or settings.openai_api_key or "unused",
+                base_url=settings.embedding_base_url or settings.openai_base_url,
+                timeout=settings.embedding_timeout_seconds,
+                max_retries=0,
+            )
+        return self._provider
+
     def _embedder(self) -> AsyncOpenAI:
-        """The same client (its HTTP connection pool and key shared), with the
-        embedding's own timeout and no retries: a slow or failing embedding
-        only costs the turn its recall, never a wait for a retry."""
+        """The provider's client with the turn's embedding timeout and no
+        retries: a slow or failing embedding only costs the turn its recall,
+        never a wait for a retry."""
         if self._embeddings_client is None:
-            self._embeddings_client = self._openai().with_options(
+            self._embeddings_client = self._embeddings_provider().with_options(
                 timeout=self._settings.embedding_timeout_seconds, max_retries=0
             )
         return self._embeddings_client
+
+    def _batch_embedder(self) -> AsyncOpenAI:
+        """The provider's client for the backfill's batches: the model call's
+        timeout (OPENAI_TIMEOUT_SECONDS: a batch is many texts), no retries
+        (the backfill backs off itself)."""
+        if self._batch_client is None:
+            self._batch_client = self._embeddings_provider().with_options(
+                timeout=self._settings.openai_timeout_seconds, max_retries=0
+            )
+        return self._batch_client
 
     async def complete(
         self,
@@ -235,8 +285,8 @@ class ModelClient:
             kwargs["tool_choice"] = "auto" if allow_tools else "none"
         return kwargs
 
-    async def embed(self, text: str) -> list[float]:
-        """`text`'s embedding: OPENAI_EMBEDDING_MODEL, EMBEDDING_DIMENSIONS floats.
+    async def embed(self, text: str, kind: EmbeddingKind) -> list[float]:
+        """`text`'s embedding as a `kind`: `embedding_model`, EMBEDDING_DIMENSIONS floats.
 
         The vector is L2-normalised (length 1), so the cosine similarity of two
         of them is their dot product. One request, no retries, and the whole
@@ -245,24 +295,70 @@ class ModelClient:
         (logged as a warning with its reason, never the text).
         """
         settings = self._settings
+        text = self._prefixed(text, kind)
         try:
-            return await self._embedding(_safe_for_postgres(text), settings)
+            if not text.strip():
+                raise EmbeddingUnavailable("the text is empty")
+            (vector,) = await self._request(
+                self._embedder(), text, 1, settings.embedding_timeout_seconds
+            )
         except EmbeddingUnavailable as exc:
             logger.warning("embedding unavailable: %s", exc.reason, extra={"reason": exc.reason})
             raise
+        return vector
 
-    async def _embedding(self, text: str, settings: Settings) -> list[float]:
+    async def embed_many(self, texts: list[str], kind: EmbeddingKind) -> list[list[float]]:
+        """The embeddings of `texts` as `kind`s, in their order: one request.
+
+        As `embed`, but the call is bounded by OPENAI_TIMEOUT_SECONDS (a batch
+        is many texts; nobody waits for it); the provider's answers are put
+        in the texts' order by their `index`. Every failure, a blank text
+        among them included, is `EmbeddingUnavailable` (logged).
+        """
+        settings = self._settings
+        inputs = [self._prefixed(text, kind) for text in texts]
+        try:
+            blank = next((i for i, text in enumerate(inputs) if not text.strip()), None)
+            if blank is not None:
+                raise EmbeddingUnavailable(f"text {blank} of the batch is empty")
+            if not inputs:
+                return []
+            return await self._request(
+                self._batch_embedder(), inputs, len(inputs), settings.openai_timeout_seconds
+            )
+        except EmbeddingUnavailable as exc:
+            logger.warning(
+                "embeddings unavailable: %s",
+                exc.reason,
+                extra={"reason": exc.reason, "texts": len(texts)},
+            )
+            raise
+
+    def _prefixed(self, text: str, kind: EmbeddingKind) -> str:
+        """`text` with its kind's prefix, made sendable (see `_safe_for_postgres`)."""
+        settings = self._settings
+        prefix = (
+            settings.embedding_query_prefix
+            if kind == "query"
+            else settings.embedding_document_prefix
+        )
+        text = _safe_for_postgres(text)
+        return prefix + text if text.strip() else text
+
+    async def _request(
+        self, client: AsyncOpenAI, inputs: str | list[str], count: int, seconds: float
+    ) -> list[list[float]]:
+        """POST /embeddings for `inputs`: `count` checked, normalised vectors."""
         import openai
 
-        if not text.strip():
-            raise EmbeddingUnavailable("the text is empty")
+        settings = self._settings
         try:
             # asyncio bounds the whole call: the SDK's timeout is per network
             # operation, so a server sending its body a byte at a time would
             # never trip it.
-            async with asyncio.timeout(settings.embedding_timeout_seconds):
-                response = await self._embedder().embeddings.with_raw_response.create(
-                    input=text,
+            async with asyncio.timeout(seconds):
+                response = await client.embeddings.with_raw_response.create(
+                    input=inputs,
                     model=settings.openai_embedding_model,
                     dimensions=settings.embedding_dimensions,
                     # Plain floats: every OpenAI-compatible server speaks them
@@ -271,9 +367,7 @@ class ModelClient:
                 )
                 body = response.content
         except (openai.APITimeoutError, TimeoutError):
-            raise EmbeddingUnavailable(
-                f"timeout after {settings.embedding_timeout_seconds:g} s"
-            ) from None
+            raise EmbeddingUnavailable(f"timeout after {seconds:g} s") from None
         except openai.APIStatusError as exc:
             raise EmbeddingUnavailable(f"HTTP {exc.status_code}") from None
         except openai.APIConnectionError:
@@ -283,12 +377,16 @@ class ModelClient:
             # is kept: an unexpected error's message could quote the text.
             raise EmbeddingUnavailable(f"unexpected {type(exc).__name__}") from None
         try:
-            return _embedding(body, settings.embedding_dimensions)
+            return _embeddings(body, settings.embedding_dimensions, count)
         except _Unreadable as exc:
             raise EmbeddingUnavailable(str(exc)) from None
 
     async def close(self) -> None:
-        self._embeddings_client = None  # shares the client's HTTP connections
+        # These share the clients' HTTP connections.
+        self._embeddings_client = self._batch_client = None
+        if self._provider is not None:
+            await self._provider.close()
+            self._provider = None
         if self._client is not None:
             await self._client.close()
             self._client = None
@@ -303,7 +401,8 @@ class ModelClient:
         An HTTP client handed in (the offline responder's in-process
         transport) is kept.
         """
-        self._embeddings_client = None
+        self._embeddings_client = self._batch_client = None
+        self._provider = None
         self._client = None
 
 
@@ -574,18 +673,39 @@ class _Stream:
         return UpstreamError(STREAM_ERROR)
 
 
-def _embedding(body: bytes, dimensions: int) -> list[float]:
-    """The first embedding in a 200 response body, checked and L2-normalised."""
-    # Imported here, like the SDK: most cold starts never embed.
-    from memchat.model.embeddings import normalised
-
+def _embeddings(body: bytes, dimensions: int, count: int) -> list[list[float]]:
+    """The `count` embeddings in a 200 response body, checked and L2-normalised,
+    in the order of the inputs (by each item's `index`; without indices, as sent)."""
     root = _object(_json(body), "body")
     data = _list(root.get("data"), "data")
     if not data:
         raise _Unreadable("data is empty")
-    vector = _list(_object(data[0], "data[0]").get("embedding"), "data[0].embedding")
+    if len(data) != count:
+        raise _Unreadable(f"data holds {len(data)} embeddings for {count} texts")
+    items = [_object(item, f"data[{i}]") for i, item in enumerate(data)]
+    indices = [item.get("index") for item in items]
+    # bool is an int in Python, not an index.
+    numbered = [i for i in indices if isinstance(i, int) and not isinstance(i, bool)]
+    if all(index is None for index in indices):
+        order = list(range(count))
+    elif len(numbered) == count and sorted(numbered) == list(range(count)):
+        order = numbered
+    else:
+        raise _Unreadable("data's indices do not number the texts")
+    vectors: list[list[float]] = [[] for _ in range(count)]
+    for position, item in zip(order, items, strict=True):
+        vectors[position] = _vector(item.get("embedding"), f"data[{position}]", dimensions)
+    return vectors
+
+
+def _vector(value: Any, where: str, dimensions: int) -> list[float]:
+    """One embedding of `dimensions` finite numbers, L2-normalised."""
+    # Imported here, like the SDK: most cold starts never embed.
+    from memchat.model.embeddings import normalised
+
+    vector = _list(value, f"{where}.embedding")
     if not vector:
-        raise _Unreadable("data[0].embedding is empty")
+        raise _Unreadable(f"{where}.embedding is empty")
     if len(vector) != dimensions:
         # A provider or model that ignores `dimensions` (or a changed setting).
         raise _Unreadable(
@@ -593,20 +713,20 @@ def _embedding(body: bytes, dimensions: int) -> list[float]:
             f" {dimensions} (does OPENAI_EMBEDDING_MODEL honour `dimensions`?)"
         )
     values = []
-    for value in vector:
+    for number in vector:
         # bool is an int in Python, not a coordinate.
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _Unreadable("data[0].embedding holds something other than numbers")
+        if isinstance(number, bool) or not isinstance(number, int | float):
+            raise _Unreadable(f"{where}.embedding holds something other than numbers")
         try:
-            number = float(value)  # a JSON integer may be too large for a float
+            coordinate = float(number)  # a JSON integer may be too large for a float
         except OverflowError:
-            number = math.inf
-        if not math.isfinite(number):  # NaN, Infinity, 1e400
-            raise _Unreadable("data[0].embedding holds a non-finite number")
-        values.append(number)
+            coordinate = math.inf
+        if not math.isfinite(coordinate):  # NaN, Infinity, 1e400
+            raise _Unreadable(f"{where}.embedding holds a non-finite number")
+        values.append(coordinate)
     unit = normalised(values)
     if unit is None:
-        raise _Unreadable("data[0].embedding is all zeros")
+        raise _Unreadable(f"{where}.embedding is all zeros")
     return unit
 
 

@@ -1,4 +1,5 @@
-"""Embeddings: recall by similarity to a new message, and the stored column's size."""
+"""Embeddings: recall by similarity to a new message, and the stored column's size
+(read, and changed by `memchat db reembed --dimensions N`)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,28 @@ from collections.abc import Mapping
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from memchat.store.db import REQUEST_ROLE, Database
 from memchat.store.fragments import vector_literal
-from memchat.store.records import Caller, Hit
+from memchat.store.records import Caller, Embedding, Hit, Period
+from memchat.throttle import Bucket
 
 # Similar earlier messages at or above this similarity to a better hit are
 # the same memory said twice: only the better one is recalled.
 COLLAPSE_SIMILARITY = 0.9
 
-RECALL = "select memchat.recall(%s, %s, %s, %s::extensions.vector, %s, %s, %s)"
+RECALL = "select memchat.recall(%s, %s, %s, %s::extensions.vector, %s, %s, %s, %s, %s, %s, %s)"
 _EMBEDDING_DIMENSIONS = "select memchat.embedding_dimensions()"
+# What no longer fits goes first, in the same transaction as the new type; the
+# type change resets the column's storage, kept in the row (migration *_recall.sql).
+# The tables holding embeddings: the messages' and their fact keys'.
+_VECTOR_TABLES = ("message_embeddings", "message_facts")
+_DROP_OTHER_SIZES = sql.SQL("delete from memchat.{} where extensions.vector_dims(embedding) <> %s")
+_RESIZE = sql.SQL("alter table memchat.{} alter column embedding type extensions.vector({})")
+_KEEP_IN_ROW = sql.SQL("alter table memchat.{} alter column embedding set storage main")
+_ADOPT_UNKNOWN = "update memchat.message_embeddings set model = %s where model is null"
+_ANY_EMBEDDING = "select exists (select 1 from memchat.message_embeddings)"
 
 
 def recall_args(
@@ -25,19 +37,25 @@ def recall_args(
     session_id: uuid.UUID | None,
     agent_name: str,
     window: int,
-    query: list[float],
+    query: Embedding,
     k: int,
     min_score: float,
+    text: str | None = None,
+    period: Period | None = None,
 ) -> tuple[Any, ...]:
     """The parameters of RECALL."""
     return (
         session_id,
         agent_name,
         window,
-        vector_literal(query),
+        vector_literal(query.vector),
+        query.model,
+        text,
         k,
         min_score,
         COLLAPSE_SIMILARITY,
+        period.start if period else None,
+        period.end if period else None,
     )
 
 
@@ -52,13 +70,20 @@ async def recall(
     session_id: uuid.UUID | None,
     agent_name: str,
     window: int,
-    query: list[float],
+    query: Embedding,
     k: int,
     min_score: float,
+    text: str | None = None,
+    period: Period | None = None,
+    throttle: Bucket | None = None,
 ) -> list[Hit]:
-    """The caller's earlier user messages of `agent_name` most like `query`, best
-    first (memchat.recall: live sessions, outside the window of `session_id`,
-    near-duplicates collapsed), each with the answer it got."""
+    """The caller's earlier user messages of `agent_name` best matching the
+    query, best first, each with the answer it got (memchat.recall: the
+    nearest to `query` by their embedding or a fact key's, of its model only,
+    fused by reciprocal rank with the rounds holding words of `text` and, with
+    a `period`, the nearest within it; live sessions, outside the window of
+    `session_id`, near-duplicates collapsed); taking a token of `throttle`
+    first, in the same transaction, when given."""
     args = recall_args(
         session_id=session_id,
         agent_name=agent_name,
@@ -66,8 +91,10 @@ async def recall(
         query=query,
         k=k,
         min_score=min_score,
+        text=text,
+        period=period,
     )
-    async with db.pipeline(caller.claims) as conn:
+    async with db.pipeline(caller.claims, throttle=throttle) as conn:
         cur = conn.cursor()
         await cur.execute(RECALL, args)
     row = await cur.fetchone()
@@ -75,20 +102,53 @@ async def recall(
     return hits_from_json(row[0])
 
 
-def embedding_dimensions(conn: psycopg.Connection[Any]) -> int:
-    """The size of the stored embedding column (checked against the settings at start)."""
+def embedding_dimensions(conn: psycopg.Connection[Any], *, role: str | None = REQUEST_ROLE) -> int:
+    """The size of the stored embedding column (checked against the settings at
+    start), read as `role` (None: as the connecting role, e.g. the owner)."""
     with conn.transaction():
-        conn.execute("select set_config('role', %s, true)", (REQUEST_ROLE,))
+        if role is not None:
+            conn.execute("select set_config('role', %s, true)", (role,))
         row = conn.execute(_EMBEDDING_DIMENSIONS).fetchone()
     assert row is not None
     return int(row[0])
 
 
-async def stored_embedding_dimensions(db: Database, caller: Caller) -> int:
-    """embedding_dimensions, inside a request (when it could not be checked at start)."""
-    async with db.pipeline(caller.claims) as conn:
+async def stored_embedding_dimensions(db: Database, caller: Caller | None) -> int:
+    """embedding_dimensions, inside a request (when it could not be checked at
+    start), or as the connecting role (caller None: the backfill's worker)."""
+    async with db.pipeline(caller.claims if caller else None) as conn:
         cur = conn.cursor()
         await cur.execute(_EMBEDDING_DIMENSIONS)
     row = await cur.fetchone()
     assert row is not None
     return int(row[0])
+
+
+def resize_embeddings(conn: psycopg.Connection[Any], dimensions: int) -> int:
+    """Make the stored column vector(`dimensions`), as the table's owner: the
+    embeddings of another size are deleted first, in the same transaction
+    (their messages stay; the backfill embeds them again). Returns how many
+    were deleted."""
+    deleted = 0
+    with conn.transaction():
+        for name in _VECTOR_TABLES:
+            table = sql.Identifier(name)
+            rows = conn.execute(_DROP_OTHER_SIZES.format(table), (dimensions,)).rowcount
+            if name == "message_embeddings":
+                deleted = rows
+            conn.execute(_RESIZE.format(table, sql.Literal(dimensions)))
+            conn.execute(_KEEP_IN_ROW.format(table))
+    return deleted
+
+
+def has_embeddings(conn: psycopg.Connection[Any]) -> bool:
+    """Whether any embedding is stored (as the owner: everyone's)."""
+    row = conn.execute(_ANY_EMBEDDING).fetchone()
+    return bool(row and row[0])
+
+
+def adopt_unknown_embeddings(conn: psycopg.Connection[Any], model: str) -> int:
+    """Record `model` as the maker of the embeddings stored before models were
+    recorded (as the owner): for an operator who knows it made them. Returns
+    how many were marked."""
+    return conn.execute(_ADOPT_UNKNOWN, (model,)).rowcount

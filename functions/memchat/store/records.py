@@ -130,6 +130,24 @@ class Context:
     summary: Summary | None = None  # None: no usable summary
 
 
+@dataclass(frozen=True)
+class Embedding:
+    """A text's embedding and the model that made it: memchat.recall compares
+    only embeddings of one model."""
+
+    model: str
+    vector: list[float]
+
+
+@dataclass(frozen=True)
+class Period:
+    """A span of time recall favours, [start, end) (None: open on that side):
+    what a time expression in a message ("last week") names."""
+
+    start: datetime | None
+    end: datetime | None
+
+
 @dataclass
 class Turn:
     """Everything one chat turn writes, in one transaction."""
@@ -146,7 +164,7 @@ class Turn:
     # turn made one active meanwhile, this turn joins it.
     new_session: bool = False
     # The user message's embedding, stored with it (None: none could be made).
-    embedding: list[float] | None = None
+    embedding: Embedding | None = None
     # Queue the session for its summary once this many of its messages are
     # outside the summary (the window + SUMMARY_TRIGGER_MESSAGES); None: never.
     summary_due_after: int | None = None
@@ -167,19 +185,32 @@ class Cleared:
 
 
 @dataclass(frozen=True)
+class Neighbour:
+    """The exchange before a recalled one in its session."""
+
+    message_id: int
+    question: str
+    answer: str | None
+
+
+@dataclass(frozen=True)
 class Hit:
-    """An earlier user message recalled by meaning, with the answer it got."""
+    """An earlier user message recalled, with the answer it got (and the
+    exchange before it: `before`, None when it opens its session or the
+    prompt's budget left it out)."""
 
     message_id: int
     session_id: uuid.UUID
     created_at: datetime
-    score: float
+    score: float  # the cosine similarity of its nearest key to the query
     title: str | None
     question: str
     answer: str | None
+    before: Neighbour | None = None
 
     @classmethod
     def from_json(cls, row: Mapping[str, Any]) -> Hit:
+        before = row.get("before")
         return cls(
             message_id=int(row["message_id"]),
             session_id=uuid.UUID(row["session_id"]),
@@ -188,6 +219,11 @@ class Hit:
             title=row.get("title"),
             question=row.get("question") or "",
             answer=row.get("answer"),
+            before=Neighbour(
+                int(before["message_id"]), before.get("question") or "", before.get("answer")
+            )
+            if before
+            else None,
         )
 
 
@@ -239,3 +275,37 @@ class SummarySource:
     covers_until: int | None
     messages: list[SourceMessage]
     boundary: int  # the last message id the refresh covers
+
+
+@dataclass(frozen=True)
+class DueEmbeddings:
+    """An embedding queue item the backfill leased: which session, how often
+    it failed so far."""
+
+    lease: uuid.UUID
+    session_id: uuid.UUID
+    attempts: int  # failures in a row so far
+
+
+@dataclass(frozen=True)
+class EmbeddingBacklog:
+    """A user's messages without an embedding in their queued live sessions."""
+
+    pending: int  # the backfill will embed them
+    failed: int  # their session was given up on (until it is queued again)
+
+    @property
+    def recall_ready(self) -> bool:
+        """Whether recall can find every one of the user's queued messages."""
+        return self.pending == 0 and self.failed == 0
+
+
+@dataclass(frozen=True)
+class Unembedded:
+    """A stored user message that needs an embedding or its fact keys, in a
+    leased session."""
+
+    lease: uuid.UUID
+    id: int
+    text: str
+    embedded: bool = False  # it has its embedding: only its fact keys are missing

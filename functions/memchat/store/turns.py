@@ -35,7 +35,7 @@ from memchat.throttle import OFF, Rate
 
 LOAD_CONTEXT = "select memchat.load_context(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 RECORD_TURN = (
-    "select memchat.record_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::extensions.vector, %s)"
+    "select memchat.record_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::extensions.vector, %s, %s)"
 )
 _RELEASE_CLAIM = (
     "delete from memchat.turn_claims where user_id = (select auth.uid()) and client_message_id = %s"
@@ -161,7 +161,8 @@ async def record_turn(db: Database, caller: Caller, turn: Turn) -> SessionInfo:
         turn.notes,
         turn.notes_version,
         turn.new_session,
-        vector_literal(turn.embedding),
+        vector_literal(turn.embedding.vector if turn.embedding else None),
+        turn.embedding.model if turn.embedding else None,
         turn.summary_due_after,
     )
     try:

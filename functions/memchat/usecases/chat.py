@@ -345,6 +345,7 @@ class ChatService:
                 session_id=session.id if session else request.session_id,
                 agent_name=agent_name,
                 window=self._window(request),
+                previous=context.messages,
             ),
         )
         summary = context.summary

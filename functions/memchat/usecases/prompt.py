@@ -6,8 +6,10 @@ the new message. Memory's part (the block and the window) must fit
 MEMORY_MAX_CONTEXT_TOKENS, counted with the model's tokenizer
 (memchat.model.tokens) exactly as it is sent. When it does not, `fit`
 drops, in this order: the oldest window messages (never the newest two),
-then the lowest-scored recalled exchanges, then the summary, then the end
-of the notes.
+then the recalled exchanges' neighbours (the exchange before each, last
+recalled first), then the recalled exchanges themselves (last recalled
+first: recall returns them best first), then the summary, then the end of
+the notes.
 
 The memory block is one `user` message, because what it carries (notes,
 recalled questions and answers, their conversations' titles, a
@@ -21,6 +23,8 @@ message would give it system authority. It reads::
 
     <RECALL_PREAMBLE>
     [2026-11-02 · conversation "<title>" · 3f2a1b20]
+    User: "<the exchange before it: its question>"
+    Assistant: "<and its answer>"
     User: "<the question>"
     Assistant: "<the answer>"
 
@@ -44,7 +48,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from memchat import messages
@@ -117,13 +121,18 @@ def memory_block(notes: str, hits: Sequence[Hit], summary: str) -> str:
 def recall_section(hits: Sequence[Hit]) -> str:
     """The recalled exchanges, oldest first, under their label (see messages.py)."""
     parts = [messages.RECALL_PREAMBLE]
+    recalled = {hit.message_id for hit in hits}
     for hit in sorted(hits, key=lambda h: h.created_at):
         title = f" {quote(hit.title)}" if hit.title else ""
         day = hit.created_at.date().isoformat()
-        lines = [
-            f"[{day} · conversation{title} · {str(hit.session_id)[:8]}]",
-            USER_LABEL + quote(hit.question),
-        ]
+        lines = [f"[{day} · conversation{title} · {str(hit.session_id)[:8]}]"]
+        before = hit.before
+        # A neighbour recalled in its own right is shown once, as a hit.
+        if before is not None and before.message_id not in recalled:
+            lines.append(USER_LABEL + quote(before.question))
+            if before.answer:
+                lines.append(ASSISTANT_LABEL + quote(before.answer))
+        lines.append(USER_LABEL + quote(hit.question))
         if hit.answer:
             lines.append(ASSISTANT_LABEL + quote(hit.answer))
         parts.append("\n".join(lines))
@@ -138,6 +147,8 @@ class Exchange:
     header: str  # `[<date> · conversation "<title>" · <id prefix>]`
     question: str
     answer: str | None
+    # The exchange before it, when the block shows it: (question, answer).
+    before: tuple[str, str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -172,10 +183,14 @@ def read_memory(content: str) -> Remembered | None:
                 recalled.append(Exchange(header=line, question="", answer=None))
             elif line.startswith(USER_LABEL) and recalled:
                 question = _unquote(line[len(USER_LABEL) :])
-                recalled[-1] = Exchange(recalled[-1].header, question, None)
+                last = recalled[-1]
+                # A second question under one header: the first was its neighbour.
+                before = (last.question, last.answer) if last.question else None
+                recalled[-1] = Exchange(last.header, question, None, before)
             elif line.startswith(ASSISTANT_LABEL) and recalled:
                 answer = _unquote(line[len(ASSISTANT_LABEL) :])
-                recalled[-1] = Exchange(recalled[-1].header, recalled[-1].question, answer)
+                last = recalled[-1]
+                recalled[-1] = Exchange(last.header, last.question, answer, last.before)
     except ValueError:
         return None
     return Remembered(notes=notes, recalled=recalled, summary=summary)
@@ -221,8 +236,13 @@ def fit(
         result.window.pop(0)
         window_tokens.pop(0)
         result.dropped.append("window")
+    while over() and any(hit.before for hit in result.hits):
+        last = max(i for i, hit in enumerate(result.hits) if hit.before)
+        result.hits[last] = replace(result.hits[last], before=None)
+        block_tokens = _block_tokens(counter, result.notes, result.hits, result.summary)
+        result.dropped.append("neighbour")
     while over() and result.hits:
-        result.hits.remove(min(result.hits, key=lambda h: h.score))
+        result.hits.pop()  # best first: the last is the weakest
         block_tokens = _block_tokens(counter, result.notes, result.hits, result.summary)
         result.dropped.append("recall")
     if over() and result.summary:

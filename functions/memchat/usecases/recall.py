@@ -4,8 +4,12 @@ A turn starts embedding its new message at once, alongside the load of its
 context, and searches when both are done (memchat.recall, one round trip),
 so recall adds the search and whatever the embedding takes beyond the
 context load (docs/benchmarks.md compares this with embedding first and
-loading and searching in one round trip). The embedding is stored with the
-turn, so each user message is embedded exactly once.
+loading and searching in one round trip). The message is embedded as a
+query to search with, and what is stored with the turn as a document: the
+same embedding, unless EMBEDDING_QUERY_PREFIX and EMBEDDING_DOCUMENT_PREFIX
+differ (e5 models), when the document's is requested alongside. Either way
+each user message is embedded once for storing, and recall compares only
+embeddings of the model that made the query's.
 
 An embedding that fails or times out (EMBEDDING_TIMEOUT_SECONDS) never fails
 the turn: it answers without recall and stores the message without an
@@ -19,13 +23,15 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
-from memchat import store
+from memchat import messages, store, timeref
+from memchat.throttle import Bucket
 
 if TYPE_CHECKING:
     from memchat.config import Settings
-    from memchat.model.client import ModelClient
+    from memchat.model.client import EmbeddingKind, ModelClient
     from memchat.store.db import Database
 
 logger = logging.getLogger(__name__)
@@ -37,7 +43,7 @@ OK, DISABLED, FAILED = "ok", "disabled", "failed"
 class Recalled:
     status: str  # ok | disabled | failed
     hits: list[store.Hit] = field(default_factory=list)  # best first
-    query: list[float] | None = None  # the new message's embedding, stored with the turn
+    query: store.Embedding | None = None  # the new message's, as a query
     ms: float = 0.0  # what the turn waited for recall once its context was loaded
 
     def as_list(self) -> list[dict[str, object]]:
@@ -67,21 +73,93 @@ class Recall:
     column_fits: bool | None = None
 
     def start(self, message: str, k: int) -> PendingRecall:
-        """Begin recall for a turn (`k` hits; 0: none): the embedding is requested
-        now. A turn that recalls nothing still embeds its message when recall is
-        configured, so later turns can recall it; it never waits for that."""
+        """Begin recall for a turn (`k` hits; 0: none): the embeddings are
+        requested now. A turn that recalls nothing still embeds its message
+        when recall is configured, so later turns can recall it; it never
+        waits for that."""
         wanted = k > 0 or self.settings.memory_recall_k > 0
         if not wanted or self.column_fits is False:
-            return PendingRecall(self, None, k)
-        return PendingRecall(self, asyncio.create_task(self._embed(message)), k)
+            return PendingRecall(self, message, None, None, k)
+        text = messages.embedding_text(message)
+        query = asyncio.create_task(self._embed(text, "query"))
+        settings = self.settings
+        if settings.embedding_query_prefix == settings.embedding_document_prefix:
+            return PendingRecall(self, message, query, None, k)  # one embedding serves both
+        document = asyncio.create_task(self._embed(text, "document"))
+        return PendingRecall(self, message, query, document, k)
 
-    async def _embed(self, message: str) -> list[float] | None:
+    async def search(
+        self,
+        caller: store.Caller,
+        text: str,
+        *,
+        agent_name: str,
+        k: int,
+        as_of: datetime | None = None,
+    ) -> Recalled:
+        """The caller's exchanges best matching `text`, as a turn recalls them
+        (the same embedding, statement and rules) but over every live session,
+        its window included, with time expressions in `text` read relative to
+        `as_of` (None: now): what GET /memory/search answers. `ms` is the search's own time, the
+        embedding's aside."""
+        if self.column_fits is False:
+            return Recalled(FAILED)
+        query = await self._embed(messages.embedding_text(text), "query")
+        if query is None or not await self.check_column(caller):
+            return Recalled(FAILED)
+        started = time.perf_counter()
+        hits = await self._hits(
+            caller,
+            text,
+            query,
+            session_id=None,
+            agent_name=agent_name,
+            window=0,
+            k=k,
+            as_of=as_of,
+            throttle=Bucket.READ,
+        )
+        return Recalled(OK, hits, query, (time.perf_counter() - started) * 1000)
+
+    async def _hits(
+        self,
+        caller: store.Caller,
+        text: str,
+        query: store.Embedding,
+        *,
+        session_id: uuid.UUID | None,
+        agent_name: str,
+        window: int,
+        k: int,
+        as_of: datetime | None,
+        throttle: Bucket | None = None,
+    ) -> list[store.Hit]:
+        """memchat.recall for `text` (its embedding `query`), with the period a
+        time expression in it names (memchat.timeref), relative to `as_of`."""
+        settings = self.settings
+        moment = as_of or datetime.now(UTC)
+        return await store.recall(
+            self.db,
+            caller,
+            session_id=session_id,
+            agent_name=agent_name,
+            window=window,
+            query=query,
+            k=k,
+            min_score=settings.memory_recall_min_score,
+            text=text if settings.memory_recall_words else None,
+            period=timeref.period_in(text, moment) if settings.memory_recall_time else None,
+            throttle=throttle,
+        )
+
+    async def _embed(self, text: str, kind: EmbeddingKind) -> store.Embedding | None:
         from memchat.model.client import EmbeddingUnavailable
 
         try:
-            return await self.model.embed(message)
+            vector = await self.model.embed(text, kind)
         except EmbeddingUnavailable:
             return None  # the client logged why
+        return store.Embedding(self.model.embedding_model, vector)
 
     def check_at_start(self) -> None:
         """Refuse to start (ConfigError) when the stored embeddings are not
@@ -128,29 +206,35 @@ class Recall:
 @dataclass
 class PendingRecall:
     recall: Recall
-    task: asyncio.Task[list[float] | None] | None
+    message: str  # the turn's new message
+    task: asyncio.Task[store.Embedding | None] | None  # the query's embedding
+    # The document's, when it is not the query's (the prefixes differ).
+    document: asyncio.Task[store.Embedding | None] | None
     k: int
 
     def cancel(self) -> None:
         """The turn ended without recall (a replay, an error)."""
-        if self.task is not None:
-            self.task.cancel()
+        for task in (self.task, self.document):
+            if task is not None:
+                task.cancel()
 
     async def embedding_to_store(
         self, caller: store.Caller, recalled: Recalled
-    ) -> list[float] | None:
-        """The message's embedding for the turn's record: the one recall used,
-        else the one requested at the start (a turn that recalled nothing has
-        usually got it by now, while the model answered; else it waits at most
+    ) -> store.Embedding | None:
+        """The message's embedding for the turn's record, as a document: the
+        query's (when no prefix tells them apart) that recall used, else the
+        one requested at the start (a turn that recalled nothing has usually
+        got it by now, while the model answered; else it waits at most
         EMBEDDING_TIMEOUT_SECONDS), and only if the stored column has its size."""
-        if recalled.query is not None:
+        if self.document is None and recalled.query is not None:
             return recalled.query
-        if self.task is None or self.task.cancelled():
+        task = self.document or self.task
+        if task is None or task.cancelled():
             return None
-        query = await self.task
-        if query is None or not await self.recall.check_column(caller):
+        embedding = await task
+        if embedding is None or not await self.recall.check_column(caller):
             return None
-        return query
+        return embedding
 
     async def finish(
         self,
@@ -159,24 +243,36 @@ class PendingRecall:
         session_id: uuid.UUID | None,
         agent_name: str,
         window: int,
+        previous: list[dict[str, Any]] | None = None,
     ) -> Recalled:
-        """The hits for this turn, once its context is loaded."""
+        """The hits for this turn, once its context is loaded (`previous`: its
+        window, oldest first). A follow-up too short to mean much alone
+        (messages.follow_up_query) searches with the previous exchange too:
+        that query is embedded now, once the window is known, so such a turn
+        waits for a second embedding; the message's own is still what is
+        stored."""
         if self.k <= 0:
             return Recalled(DISABLED)
         if self.task is None:
             return Recalled(FAILED)
         started = time.perf_counter()
-        query = await self.task
+        query = own = await self.task
         if query is None or not await self.recall.check_column(caller):
             return Recalled(FAILED, ms=(time.perf_counter() - started) * 1000)
-        hits = await store.recall(
-            self.recall.db,
+        text = self.message
+        expanded = messages.follow_up_query(self.message, previous or [])
+        if expanded is not None:
+            widened = await self.recall._embed(messages.embedding_text(expanded), "query")
+            if widened is not None:
+                query, text = widened, expanded
+        hits = await self.recall._hits(
             caller,
+            text,
+            query,
             session_id=session_id,
             agent_name=agent_name,
             window=window,
-            query=query,
             k=self.k,
-            min_score=self.recall.settings.memory_recall_min_score,
+            as_of=None,
         )
-        return Recalled(OK, hits, query, (time.perf_counter() - started) * 1000)
+        return Recalled(OK, hits, own, (time.perf_counter() - started) * 1000)

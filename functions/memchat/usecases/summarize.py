@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from memchat import messages, store
 from memchat.errors import UpstreamError, UpstreamTimeout
+from memchat.usecases.cleanup import TimeBudget
 
 if TYPE_CHECKING:
     from memchat.config import Settings
@@ -130,13 +131,10 @@ class Summarizer:
         started = self.clock()
         run = SummaryRun(lag_seconds=await store.summary_lag(self.db))
 
+        budget = TimeBudget(max_seconds, remaining_ms, LAMBDA_RESERVE_SECONDS)
+
         def seconds_left() -> float:
-            left = float("inf")
-            if max_seconds is not None:
-                left = max_seconds - (self.clock() - started)
-            if remaining_ms is not None:
-                left = min(left, remaining_ms() / 1000 - LAMBDA_RESERVE_SECONDS)
-            return left
+            return budget.seconds_left(lambda: self.clock() - started)
 
         # In Lambda a round must finish before the function's timeout: start
         # one only while a model call still fits. `max_seconds` (the CLI)

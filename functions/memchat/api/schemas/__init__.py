@@ -21,6 +21,16 @@ AgentName = Field(default="default", pattern=AGENT_NAME_PATTERN, description="Ag
 INT4_MAX = 2**31 - 1
 
 
+def json_integer(value: Any) -> Any:
+    """What JSON Schema calls an integer, no more: `true` and `"2"` are not
+    (pydantic would take them), `2.0` is (JSON Schema says so). A request
+    body's integer fields run it first (a `mode="before"` field validator,
+    which leaves the OpenAPI document's bounds as they are)."""
+    if isinstance(value, bool | str):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
 def _refuse_unstorable_text(value: object) -> object:
     # JSON's \u escapes can carry both, PostgreSQL text can hold neither:
     # refused here, as a 422 naming the field, not in the database (after the

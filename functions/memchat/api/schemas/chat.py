@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from memchat.api.schemas import AgentName, StoredText, UuidText
+from memchat.api.schemas import AgentName, StoredText, UuidText, json_integer
 
 
 class ChatBody(BaseModel):
@@ -15,7 +15,7 @@ class ChatBody(BaseModel):
     message: StoredText = Field(min_length=1, description="The user's message.")
     session_id: UuidText | None = Field(default=None, description="UUID; also X-Session-ID.")
     agent_name: str = AgentName
-    use_memory: bool = True
+    use_memory: bool = Field(default=True, strict=True)
     max_history_messages: int | None = Field(default=None, ge=1, le=50)
     client_message_id: StoredText | None = Field(
         default=None, min_length=1, max_length=128, description="Idempotency key."
@@ -28,7 +28,12 @@ class ChatBody(BaseModel):
     )
     stream: bool = Field(
         default=False,
+        strict=True,
         description="Answer as Server-Sent Events (as `Accept: text/event-stream`).",
+    )
+
+    _integers = field_validator("max_history_messages", "recall_k", mode="before")(
+        staticmethod(json_integer)
     )
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from memchat.api.schemas import MessageId, StoredText
+from memchat.api.schemas import MessageId, StoredText, json_integer
 
 
 class FeedbackBody(BaseModel):
@@ -17,6 +17,8 @@ class FeedbackBody(BaseModel):
     comment: StoredText | None = Field(
         default=None, max_length=2000, description="Optional, at most 2000 characters."
     )
+
+    _integers = field_validator("message_id", "rating", mode="before")(staticmethod(json_integer))
 
 
 class FeedbackOut(BaseModel):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from memchat.api.schemas import INT4_MAX, AgentName, StoredText
+from memchat.api.schemas import INT4_MAX, AgentName, StoredText, json_integer
 
 
 class NotesOut(BaseModel):
@@ -25,6 +25,8 @@ class NotesBody(BaseModel):
         le=INT4_MAX,
         description="Only replace if the notes are still at this version.",
     )
+
+    _integers = field_validator("expected_version", mode="before")(staticmethod(json_integer))
 
 
 class NotesDeleted(BaseModel):
@@ -56,3 +58,32 @@ class RestoreNotesBody(BaseModel):
         le=INT4_MAX,
         description="Only restore if the notes are still at this version.",
     )
+
+    _integers = field_validator("version", "expected_version", mode="before")(
+        staticmethod(json_integer)
+    )
+
+
+class NeighbourOut(BaseModel):
+    message_id: int
+    question: str = Field(description="Its user message (the first 1,000 characters).")
+    answer: str | None = Field(description="The answer it got (the first 1,000 characters).")
+
+
+class RecalledOut(BaseModel):
+    session_id: str = Field(json_schema_extra={"format": "uuid"})
+    message_id: int = Field(description="The user message's id.")
+    created_at: str = Field(description="When the message was written (an import keeps its time).")
+    score: float = Field(description="Cosine similarity of the message to the query.")
+    title: str | None = Field(description="The session's title.")
+    question: str = Field(description="The user's message (its first 2,000 characters).")
+    answer: str | None = Field(description="The answer it got (its first 2,000 characters).")
+    before: NeighbourOut | None = Field(
+        description="The exchange before it in its session (null: it opens the session)."
+    )
+
+
+class MemorySearchOut(BaseModel):
+    agent_name: str
+    hits: list[RecalledOut] = Field(description="Best first; fewer than k when no more match.")
+    recall_ms: float = Field(description="The search's own time, the query's embedding aside.")

@@ -1,0 +1,265 @@
+"""The embedding backfill: embeddings for stored messages no turn embedded.
+
+A chat turn embeds its own user message. Messages stored another way (an
+import: POST /sessions/import queues its sessions, memchat.queue_embeddings)
+or whose embedding is of another model or missing (`memchat db reembed`
+queues every such session) are embedded here, by the worker that also
+refreshes the rolling summaries (the SummaryFunction, `memchat summarize`,
+`memchat dev` in the background), after them.
+
+A run claims queued sessions a group at a time (a lease each, FOR UPDATE
+SKIP LOCKED: two workers never take the same session) and reads their
+messages that lack an embedding of OPENAI_EMBEDDING_MODEL, oldest first,
+packing them into requests of EMBEDDING_BATCH_SIZE texts (a request may
+span sessions: imported sessions are often short). At most CONCURRENCY
+requests are in flight; the reading waits for a free one, so a session of
+any length costs bounded memory. Each request's embeddings (documents, the
+text `messages.embedding_text` gives) are stored as it returns. A session
+leaves the queue once nothing in it lacks an embedding; one cut short (its
+lease running out) stays queued, ready for the next round.
+
+Fact keys: a message that says several things also gets an embedding of
+each sentence in which the user speaks of themselves
+(messages.fact_sentences), in the same request as the documents; a turn
+stores its message's own embedding and leaves the fact keys to this worker
+(its session is queued by the embedding's insert, migration
+*_hybrid_recall.sql), so a turn never waits for them.
+
+A failed request (the provider down, a bad answer) fails the sessions it
+held: they keep what was stored and are retried later, backing off as the
+summary worker does (1, 2, 4, ... minutes, at most 6 hours); after
+MAX_ATTEMPTS failures in a row a session is given up (logged) until it is
+queued again.
+
+Who sees what: the worker logs in as `memchat_worker`, which may call the
+memchat.embedding_* functions and nothing else; every read and write names
+a live lease (migration *_embedding_models.sql). `memchat db reembed` runs
+the same class as the table's owner.
+
+Nothing is embedded while the stored column's size is not
+EMBEDDING_DIMENSIONS (the run logs an error and stops): it could not be stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from memchat import messages, store
+from memchat.messages import fact_sentences
+from memchat.usecases.cleanup import TimeBudget
+from memchat.usecases.summarize import (
+    BACKOFF_FIRST_SECONDS,
+    BACKOFF_MAX_SECONDS,
+    LAMBDA_RESERVE_SECONDS,
+    LEASE_MARGIN_SECONDS,
+)
+
+if TYPE_CHECKING:
+    from memchat.config import Settings
+    from memchat.model.client import ModelClient
+    from memchat.store.db import Database
+
+logger = logging.getLogger(__name__)
+
+# Embedding requests in flight at once: the provider works on them in
+# parallel; the database work takes turns on the worker's connection.
+CONCURRENCY = 4
+# Sessions leased per round.
+CLAIM_SESSIONS = 32
+# Failures in a row after which a session waits to be queued again.
+MAX_ATTEMPTS = 8
+
+
+@dataclass
+class EmbeddingRun:
+    embedded: int = 0  # messages stored with an embedding
+    sessions: int = 0  # sessions a pass went through
+    failed: int = 0  # sessions whose pass failed (retried later)
+    gave_up: int = 0
+    rounds: int = 0
+    duration_ms: float = 0.0
+    finished: bool = False  # nothing queued was left
+    # Why nothing was embedded, when the settings cannot be (else None).
+    refused: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dict(vars(self))
+        out["duration_ms"] = round(self.duration_ms, 1)
+        return out
+
+
+@dataclass
+class Embedder:
+    db: Database  # logged in as memchat_worker (or the owner: `memchat db reembed`)
+    model: ModelClient
+    settings: Settings
+    clock: Callable[[], float] = time.monotonic
+    # Told how many messages each stored request added (a progress bar).
+    on_stored: Callable[[int], None] | None = None
+
+    async def close(self) -> None:
+        await self.db.close()
+        await self.model.close()
+
+    async def run(
+        self,
+        *,
+        max_seconds: float | None = None,
+        remaining_ms: Callable[[], int] | None = None,
+    ) -> EmbeddingRun:
+        """Embed what is queued until nothing is left or the time is up.
+
+        `remaining_ms` is the Lambda context's; `max_seconds` stops a CLI run
+        from starting new rounds after that long.
+        """
+        started = self.clock()
+        run = EmbeddingRun()
+
+        budget = TimeBudget(max_seconds, remaining_ms, LAMBDA_RESERVE_SECONDS)
+
+        def seconds_left() -> float:
+            return budget.seconds_left(lambda: self.clock() - started)
+
+        run.refused = await self._refusal()
+        # In Lambda a round must finish before the function's timeout: start
+        # one only while a request still fits.
+        reserve = self._call_seconds() if remaining_ms is not None else 0.0
+        while run.refused is None and seconds_left() > reserve:
+            due = await store.claim_embeddings(
+                self.db, limit=CLAIM_SESSIONS, lease_seconds=self._lease_seconds()
+            )
+            if not due:
+                run.finished = True
+                break
+            run.rounds += 1
+            if not await self._round(due, run):
+                break  # stuck (every lease lost?): the next run takes over
+        run.duration_ms = (self.clock() - started) * 1000
+        logger.info("embeddings", extra={"embeddings": run.as_dict()})
+        return run
+
+    async def _refusal(self) -> str | None:
+        """Why nothing can be embedded now (None: it can): the stored column's
+        size is not EMBEDDING_DIMENSIONS."""
+        stored = await store.stored_embedding_dimensions(self.db, None)
+        wanted = self.settings.embedding_dimensions
+        if stored == wanted:
+            return None
+        reason = (
+            f"the database stores vector({stored}) embeddings but EMBEDDING_DIMENSIONS is"
+            f" {wanted}: run `memchat db reembed --dimensions {wanted}`, or set"
+            f" EMBEDDING_DIMENSIONS to {stored}"
+        )
+        logger.error("the embedding backfill is off: %s", reason)
+        return reason
+
+    def _call_seconds(self) -> float:
+        """The longest one embeddings request may take (OPENAI_TIMEOUT_SECONDS)."""
+        return self.settings.openai_timeout_seconds
+
+    def _lease_seconds(self) -> float:
+        return self._call_seconds() + LEASE_MARGIN_SECONDS
+
+    async def _round(self, due: list[store.DueEmbeddings], run: EmbeddingRun) -> bool:
+        """One pass over the leased sessions: their messages read, packed into
+        requests, embedded and stored; then each session settled. Returns
+        whether anything moved (a message stored, a session failed or done)."""
+        lease_ends = self.clock() + self._lease_seconds()
+        size = self.settings.embedding_batch_size
+        slots = asyncio.Semaphore(CONCURRENCY)
+        failed: set[uuid.UUID] = set()
+        sent: list[asyncio.Task[None]] = []
+        pending: list[store.Unembedded] = []
+        embedded = run.embedded
+
+        async def send(request: list[store.Unembedded]) -> None:
+            await slots.acquire()  # the reading waits here while CONCURRENCY are in flight
+            sent.append(asyncio.create_task(self._request(request, slots, failed, run)))
+
+        for item in due:
+            after = 0
+            # A page more only while a request still fits in the lease.
+            while lease_ends - self.clock() > self._call_seconds():
+                page = await store.unembedded(
+                    self.db, item, model=self.model.embedding_model, after=after, limit=size
+                )
+                pending.extend(page)
+                while len(pending) >= size:
+                    await send(pending[:size])
+                    del pending[:size]
+                if len(page) < size:
+                    break
+                after = page[-1].id
+        if pending:
+            await send(pending)
+        await asyncio.gather(*sent)
+        left = 0
+        for item in due:
+            if item.lease in failed:
+                await self._failed(item, run)
+            elif await store.embeddings_done(self.db, item, model=self.model.embedding_model):
+                left += 1
+            run.sessions += 1
+        return bool(run.embedded > embedded or failed or left)
+
+    async def _request(
+        self,
+        request: list[store.Unembedded],
+        slots: asyncio.Semaphore,
+        failed: set[uuid.UUID],
+        run: EmbeddingRun,
+    ) -> None:
+        """Embed one request's messages as documents and store them; a failure
+        fails the sessions they came from."""
+        from memchat.model.client import EmbeddingUnavailable
+
+        model = self.model
+        try:
+            # One request: the documents still missing, then every fact key.
+            documents = [m for m in request if not m.embedded]
+            facts = [
+                (m, i, text)
+                for m in request
+                if self.settings.memory_recall_facts
+                for i, text in enumerate(fact_sentences(m.text))
+            ]
+            texts = [messages.embedding_text(m.text) for m in documents]
+            texts += [text for _, _, text in facts]
+            try:
+                vectors = await model.embed_many(texts, "document")
+            except EmbeddingUnavailable:
+                failed.update(m.lease for m in request)  # the client logged why
+                return
+            name = model.embedding_model
+            embeddings = [store.Embedding(name, v) for v in vectors[: len(documents)]]
+            stored = await store.save_embeddings(self.db, documents, embeddings)
+            keys = [
+                (m, i, v) for (m, i, _), v in zip(facts, vectors[len(documents) :], strict=True)
+            ]
+            await store.save_facts(self.db, request, name, keys)
+            run.embedded += stored
+            if self.on_stored is not None:
+                self.on_stored(stored)
+        finally:
+            slots.release()
+
+    async def _failed(self, item: store.DueEmbeddings, run: EmbeddingRun) -> None:
+        attempts = item.attempts + 1
+        give_up = attempts >= MAX_ATTEMPTS
+        retry_in = min(BACKOFF_FIRST_SECONDS * 2 ** (attempts - 1), BACKOFF_MAX_SECONDS)
+        await store.embeddings_failed(self.db, item, retry_in=None if give_up else retry_in)
+        run.failed += 1
+        fields = {"session_id": str(item.session_id), "attempts": attempts}
+        if give_up:
+            run.gave_up += 1
+            logger.error("embeddings given up until the session is queued again", extra=fields)
+        else:
+            logger.warning(
+                "embeddings failed; will retry", extra={**fields, "retry_in_seconds": retry_in}
+            )

@@ -1,0 +1,299 @@
+"""The embedding backfill (usecases/backfill.py): what makes imported messages
+recallable, as the worker runs it (`memchat_worker`, the real openai client
+against the fake server's /v1/embeddings), then a chat turn that recalls them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from memchat import bootstrap, messages, store
+from memchat.model.embeddings import local_embedding
+from memchat.store.db import Database
+from memchat.usecases.backfill import CONCURRENCY, MAX_ATTEMPTS, Embedder
+from tests.conftest import make_settings
+from tests.utils.api import ApiClient
+from tests.utils.chat_api import chat
+from tests.utils.fake_openai import FakeOpenAI
+from tests.utils.logs import assert_not_logged
+from tests.utils.store_data import exchange, record
+from tests.utils.users import UserFactory, claims_for
+
+FACT = "my favourite colour is teal"
+QUESTION = "what is my favourite colour?"
+
+
+@pytest.fixture(autouse=True)
+def empty_queue(admin: psycopg.Connection) -> None:
+    """Other tests' queued sessions out of the way."""
+    admin.execute("delete from memchat.embedding_queue")
+
+
+@pytest.fixture
+async def embedders(worker_url: str, model: FakeOpenAI) -> AsyncIterator[Callable[..., Embedder]]:
+    """`embedders(**settings)`: the backfill as bootstrap builds it for the
+    worker's settings (its own login, the summaries job's keys)."""
+    made: list[Embedder] = []
+
+    def build(**overrides: object) -> Embedder:
+        settings = make_settings(worker_url, model.url, job="summaries", **overrides)
+        made.append(bootstrap.embedder(settings))
+        return made[-1]
+
+    yield build
+    for embedder in made:
+        await embedder.close()
+
+
+async def imported(db: Database, caller: store.Caller, *questions: str) -> uuid.UUID:
+    """A session stored with no embedding (as an import stores it), queued."""
+    msgs: list[dict[str, Any]] = []
+    for question in questions:
+        msgs += exchange(question, f"answer to {question}")
+    info = await record(db, caller, msgs)
+    assert await store.queue_embeddings(db, caller, [info.id]) == 1
+    return info.id
+
+
+def stored(admin: psycopg.Connection, user_id: uuid.UUID) -> list[tuple[str, str]]:
+    """(text, model) of each of the user's embedded messages."""
+    rows = admin.execute(
+        "select h.message->'data'->>'content', e.model from memchat.message_embeddings e"
+        " join public.chat_message_history h on h.id = e.message_id"
+        " where e.user_id = %s order by h.id",
+        (user_id,),
+    ).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+def queue(admin: psycopg.Connection) -> list[tuple[uuid.UUID, int, float | None]]:
+    """(session, attempts, seconds until its next attempt; None: given up)."""
+    rows = admin.execute(
+        "select session_id, attempts, case when next_attempt_at <> 'infinity'"
+        " then extract(epoch from next_attempt_at - now())::float8 end"
+        " from memchat.embedding_queue order by due_since"
+    ).fetchall()
+    return [(r[0], r[1], r[2]) for r in rows]
+
+
+async def test_imported_messages_become_recallable(
+    api: ApiClient,
+    db: Database,
+    users: UserFactory,
+    model: FakeOpenAI,
+    admin: psycopg.Connection,
+    embedders: Callable[..., Embedder],
+) -> None:
+    user_id, auth = api.new_user()
+    caller = store.Caller(user_id=user_id, claims=claims_for(user_id))
+    session = await imported(db, caller, FACT, "we fly to Lisbon in May")
+    assert await store.embeddings_pending(db, caller) == 2
+
+    run = await embedders().run()
+
+    assert (run.embedded, run.failed, run.finished, run.refused) == (2, 0, True, None)
+    assert stored(admin, user_id) == [
+        (FACT, "text-embedding-3-small"),
+        ("we fly to Lisbon in May", "text-embedding-3-small"),
+    ]
+    assert await store.embeddings_pending(db, caller) == 0 and queue(admin) == []
+    # Documents, in one request, the texts as stored.
+    assert [r["input"] for r in model.embedding_requests] == [[FACT, "we fly to Lisbon in May"]]
+
+    body = await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()))
+    assert [r["session_id"] for r in body["memory"]["recalled"]] == [str(session)]
+    # Nothing left: another run finds nothing to do.
+    again = await embedders().run()
+    assert (again.embedded, again.rounds, again.finished) == (0, 0, True)
+
+
+async def test_requests_pack_sessions_in_batches_of_the_set_size(
+    db: Database, users: UserFactory, model: FakeOpenAI, embedders: Callable[..., Embedder]
+) -> None:
+    alice = users.create()
+    texts = [["a one"], ["b one", "b two"], ["c one", "c two"]]
+    for questions in texts:
+        await imported(db, alice, *questions)
+
+    run = await embedders(embedding_batch_size=2).run()
+
+    assert run.embedded == 5 and run.sessions == 3
+    sent = [r["input"] for r in model.embedding_requests]
+    assert sorted(len(batch) for batch in sent) == [1, 2, 2]
+    assert sorted(t for batch in sent for t in batch) == sorted(t for q in texts for t in q)
+
+
+async def test_requests_in_flight_are_bounded(
+    db: Database, users: UserFactory, model: FakeOpenAI, embedders: Callable[..., Embedder]
+) -> None:
+    """Ten one-message requests of 0.3 s each: CONCURRENCY at once, so a few
+    rounds of them, neither one after the other nor all together."""
+    alice = users.create()
+    for i in range(10):
+        await imported(db, alice, f"question {i}")
+    model.script_embeddings(*[{"delay": 0.3}] * 10)
+
+    started = time.monotonic()
+    run = await embedders(embedding_batch_size=1).run()
+    elapsed = time.monotonic() - started
+
+    assert run.embedded == 10 and len(model.embedding_requests) == 10
+    waves = -(-10 // CONCURRENCY)  # 3
+    assert waves * 0.3 - 0.05 <= elapsed < 10 * 0.3, elapsed
+
+
+async def test_a_failed_request_backs_off_keeping_what_was_stored(
+    db: Database,
+    users: UserFactory,
+    model: FakeOpenAI,
+    admin: psycopg.Connection,
+    embedders: Callable[..., Embedder],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    alice = users.create()
+    texts = ("teal-7f3a", "lisbon-9c2e", "miso-4b1d")  # never in a log record
+    session = await imported(db, alice, *texts)
+    model.script_embeddings({}, {"status": 500}, {})
+    embedder = embedders(embedding_batch_size=1)
+
+    with caplog.at_level(logging.WARNING, logger="memchat.usecases.backfill"):
+        run = await embedder.run()
+
+    assert (run.embedded, run.failed, run.gave_up) == (2, 1, 0)
+    assert len(stored(admin, alice.user_id)) == 2
+    [(queued, attempts, wait)] = queue(admin)
+    assert (queued, attempts) == (session, 1) and wait is not None and 50 < wait <= 60
+    assert await store.embeddings_pending(db, alice) == 1
+    (warning,) = [r for r in caplog.records if r.name == "memchat.usecases.backfill"]
+    assert warning.getMessage() == "embeddings failed; will retry"
+    for text in texts:
+        assert_not_logged(caplog, text)
+
+    # Due again: the one left is embedded, and the session leaves the queue.
+    admin.execute("update memchat.embedding_queue set next_attempt_at = now()")
+    run = await embedder.run()
+    assert (run.embedded, run.failed) == (1, 0)
+    assert len(stored(admin, alice.user_id)) == 3 and queue(admin) == []
+
+
+async def test_a_session_failing_again_and_again_is_given_up(
+    db: Database,
+    users: UserFactory,
+    model: FakeOpenAI,
+    admin: psycopg.Connection,
+    embedders: Callable[..., Embedder],
+) -> None:
+    alice = users.create()
+    session = await imported(db, alice, "first")
+    admin.execute("update memchat.embedding_queue set attempts = %s", (MAX_ATTEMPTS - 1,))
+    model.script_embeddings({"status": 503})
+    run = await embedders().run()
+    assert (run.failed, run.gave_up) == (1, 1)
+    assert queue(admin) == [(session, MAX_ATTEMPTS, None)]
+    assert await store.embeddings_pending(db, alice) == 0
+    # Queued again (another import into it): ready at once.
+    await store.queue_embeddings(db, alice, [session])
+    assert (await embedders().run()).embedded == 1
+
+
+async def test_nothing_is_embedded_while_the_column_has_another_size(
+    db: Database,
+    users: UserFactory,
+    model: FakeOpenAI,
+    admin: psycopg.Connection,
+    embedders: Callable[..., Embedder],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    alice = users.create()
+    session = await imported(db, alice, "first")
+    with caplog.at_level(logging.ERROR, logger="memchat.usecases.backfill"):
+        run = await embedders(embedding_dimensions=384).run()
+    assert run.refused and "memchat db reembed --dimensions 384" in run.refused
+    assert "vector(512)" in run.refused
+    assert (run.rounds, run.embedded, run.finished) == (0, 0, False)
+    assert model.embedding_requests == [] and queue(admin)[0][:2] == (session, 0)
+    assert any("the embedding backfill is off" in r.getMessage() for r in caplog.records)
+
+
+async def test_stored_messages_are_embedded_as_documents(
+    db: Database,
+    users: UserFactory,
+    model: FakeOpenAI,
+    admin: psycopg.Connection,
+    embedders: Callable[..., Embedder],
+) -> None:
+    alice = users.create()
+    await imported(db, alice, FACT)
+    await embedders(embedding_query_prefix="query: ", embedding_document_prefix="passage: ").run()
+    assert [r["input"] for r in model.embedding_requests] == [[f"passage: {FACT}"]]
+    (vector,) = admin.execute(
+        "select embedding::text from memchat.message_embeddings where user_id = %s",
+        (alice.user_id,),
+    ).fetchone()
+    values = [float(x) for x in vector.strip("[]").split(",")]
+    assert values == pytest.approx(local_embedding(f"passage: {FACT}", 512), abs=1e-6)
+
+
+async def test_a_turns_own_embedding_is_kept_and_tool_rounds_are_skipped(
+    db: Database,
+    users: UserFactory,
+    model: FakeOpenAI,
+    admin: psycopg.Connection,
+    embedders: Callable[..., Embedder],
+) -> None:
+    alice = users.create()
+    session = uuid.uuid4()
+    await store.record_turn(
+        db,
+        alice,
+        store.Turn(
+            session_id=session,
+            agent_name="default",
+            messages=exchange("embedded by its turn", "ok"),
+            title=None,
+            ttl=timedelta(hours=1),
+            embedding=store.Embedding("text-embedding-3-small", local_embedding("x", 512)),
+        ),
+    )
+    await record(
+        db,
+        alice,
+        [messages.human("not yet"), messages.ai("", tool_calls=[]), messages.human("  ")],
+        session_id=session,
+    )
+    await store.queue_embeddings(db, alice, [session])
+    run = await embedders().run()
+    assert run.embedded == 1
+    assert [r["input"] for r in model.embedding_requests] == [["not yet"]]
+    assert stored(admin, alice.user_id) == [
+        ("embedded by its turn", "text-embedding-3-small"),
+        ("not yet", "text-embedding-3-small"),
+    ]
+
+
+async def test_a_lambda_run_starts_no_round_it_cannot_finish(
+    db: Database, users: UserFactory, model: FakeOpenAI, embedders: Callable[..., Embedder]
+) -> None:
+    alice = users.create()
+    await imported(db, alice, "first")
+    run = await embedders().run(remaining_ms=lambda: 10_000)  # under the reserve and a call
+    assert (run.rounds, run.finished) == (0, False) and model.embedding_requests == []
+    run = await embedders().run(remaining_ms=lambda: 600_000)
+    assert (run.embedded, run.finished) == (1, True)
+
+
+async def test_the_worker_builder_shares_one_connection_and_client(worker_url: str) -> None:
+    settings = make_settings(worker_url, "http://127.0.0.1:1/v1", job="summaries")
+    summarizer, embedder = bootstrap.worker(settings)
+    try:
+        assert summarizer.db is embedder.db and summarizer.model is embedder.model
+    finally:
+        await summarizer.close()

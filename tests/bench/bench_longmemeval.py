@@ -1,0 +1,263 @@
+"""LongMemEval through memchat's own recall: how often it finds the evidence.
+
+For each question of a LongMemEval file (default: the 101-question dev split
+of LongMemEval_S, ../shared/eval/longmemeval_s_dev.json.gz from the project
+root; any other file of that format with --data):
+
+1. a fresh user (auth.users) and its token;
+2. its haystack converted to memchat's plain import shape (one session per
+   haystack session, each message dated by its session's date, a second
+   apart in order) and sent to POST /sessions/import, as a client would;
+3. the embedding backfill run (what the summary worker runs in production)
+   until GET /sessions/import/status says recall is ready;
+4. the question sent to GET /memory/search (k=10, as_of = the question's
+   date): the same embedding, statement and rules a chat turn's recall uses.
+
+Embeddings come from the local all-MiniLM-L6-v2 server (`memchat embeddings
+serve`, started here in a thread) behind a caching proxy
+(tests/bench/embedding_cache.py: SQLite keyed by model and the text's
+sha256), which memchat reaches through its normal embeddings client
+(EMBEDDING_BASE_URL): the first run over the dev split embeds ~23,000 texts
+(an hour or more on 2 CPUs), a rerun reads them from the cache in minutes.
+
+Scores (tests/bench/longmemeval_scoring.py; abstention questions left out),
+per question type and overall; recall latency is the search's own time as
+the API reports it (Server-Timing `recall`), the query's embedding aside.
+The import's speed (messages stored per second by POST /sessions/import,
+embeddings aside: they come after, from the backfill) is printed too.
+
+    python tests/bench/bench_longmemeval.py                      # the dev split
+    python tests/bench/bench_longmemeval.py --questions 10       # a quick look
+    python tests/bench/bench_longmemeval.py --set memory_recall_words=false   # A/B
+    python tests/bench/bench_longmemeval.py --data other_split.json.gz --cache /tmp/x.sqlite
+
+The last line is the run's summary, e.g.
+`questions=95 session_recall_any@5=0.979 ... p95_ms=6.1`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: find `tests`
+
+from tests.bench import _common as common
+from tests.bench.embedding_cache import EmbeddingCache
+from tests.bench.longmemeval_scoring import (
+    Exchange,
+    Scored,
+    question_of,
+    score,
+    summary_line,
+    table,
+)
+
+DEFAULT_DATA = common.REPO_ROOT.parent / "shared" / "eval" / "longmemeval_s_dev.json.gz"
+DEFAULT_CACHE = common.REPO_ROOT / ".memchat" / "bench" / "longmemeval-embeddings.sqlite"
+NAMESPACE = uuid.UUID("6c6f6e67-6d65-6d65-7661-6c0000000000")
+K = 10
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        data: list[dict[str, Any]] = json.load(handle)
+    return data
+
+
+def haystack_time(text: str) -> datetime:
+    """LongMemEval's dates ("2023/05/30 (Tue) 23:40"), as UTC."""
+    day, _, clock = text.partition(" (")
+    clock = clock.split(") ", 1)[1] if ") " in clock else "00:00"
+    return datetime.strptime(f"{day} {clock}", "%Y/%m/%d %H:%M").replace(tzinfo=UTC)
+
+
+def session_uuid(question_id: str, session_id: str) -> uuid.UUID:
+    return uuid.uuid5(NAMESPACE, f"{question_id}/{session_id}")
+
+
+def to_import(record: Mapping[str, Any]) -> tuple[dict[str, Any], dict[tuple[str, str], Exchange]]:
+    """The question's haystack in the plain import shape, and which recalled
+    (session uuid, message time) is which exchange (haystack session id,
+    index of its user turn)."""
+    sessions = []
+    exchange_at: dict[tuple[str, str], Exchange] = {}
+    for session_id, date, turns in zip(
+        record["haystack_session_ids"],
+        record["haystack_dates"],
+        record["haystack_sessions"],
+        strict=True,
+    ):
+        start = haystack_time(date)
+        sid = session_uuid(record["question_id"], session_id)
+        messages = []
+        for index, turn in enumerate(turns):
+            if not turn["content"].strip():
+                continue
+            at = (start + timedelta(seconds=index)).isoformat()
+            messages.append({"role": turn["role"], "content": turn["content"], "created_at": at})
+            if turn["role"] == "user":
+                exchange_at[(str(sid), at)] = (session_id, index)
+        if messages:
+            sessions.append({"id": str(sid), "messages": messages})
+    return {"sessions": sessions}, exchange_at
+
+
+async def run(args: argparse.Namespace) -> None:
+    from memchat import bootstrap, devtokens
+    from memchat.cli.embeddings import local_settings, start_server
+    from memchat.config import load_settings
+    from memchat.throttle import Bucket
+    from tests.utils.api import ApiClient
+
+    records = load(args.data)[: args.questions or None]
+    overrides: dict[str, Any] = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        overrides[key.strip().lower()] = value
+    with common.database() as target:
+        admin = common.admin_connection(target.url)
+        server = start_server("127.0.0.1", 0, background=True)
+        with EmbeddingCache(upstream=server.url, path=args.cache) as cache:
+            local = local_settings(server)
+            settings = load_settings(
+                database_url=target.url,
+                supabase_jwt_secret=common.JWT_SECRET,
+                offline_model=True,
+                **{**local, "embedding_base_url": cache.url},
+                embedding_batch_size=256,
+                memory_recall_min_score=args.min_score,
+                max_message_chars=1_000_000,
+                db_max_connections=4,
+                **{f"{bucket.value}_rate_per_minute": 0 for bucket in Bucket},
+                **overrides,
+            )
+            from memchat import store
+
+            with store.connect(target.url) as conn:
+                store.resize_embeddings(conn, settings.embedding_dimensions)
+            api = ApiClient(settings)
+            embedder = bootstrap.embedder(settings)
+            scored: list[Scored] = []
+            import_rates: list[float] = []
+            embed_seconds = 0.0
+            started = time.monotonic()
+            try:
+                for number, record in enumerate(records, 1):
+                    question = question_of(record)
+                    caller = common.create_user(admin)
+                    token = devtokens.mint(common.JWT_SECRET, caller.user_id)
+                    auth = {"Authorization": f"Bearer {token}"}
+                    document, exchange_at = to_import(record)
+                    body = json.dumps(document).encode()
+                    t0 = time.perf_counter()
+                    imported = await api.post(
+                        "/sessions/import",
+                        content=body,
+                        headers={**auth, "content-type": "application/json"},
+                    )
+                    seconds = time.perf_counter() - t0
+                    if imported.status_code != 200:
+                        raise SystemExit(
+                            f"{question.id}: import {imported.status_code} {imported.text[:300]}"
+                        )
+                    import_rates.append(imported.json()["imported_messages"] / seconds)
+                    t0 = time.perf_counter()
+                    await _until_recall_ready(api, embedder, auth)
+                    embed_seconds += time.perf_counter() - t0
+                    as_of = haystack_time(record["question_date"]).isoformat()
+                    found = await api.get(
+                        "/memory/search",
+                        params={"q": question.text, "k": K, "as_of": as_of},
+                        headers=auth,
+                    )
+                    if found.status_code != 200:
+                        raise SystemExit(f"{question.id}: search {found.status_code} {found.text}")
+                    hits = [
+                        exchange_at[(hit["session_id"], _iso(hit["created_at"]))]
+                        for hit in found.json()["hits"]
+                    ]
+                    ms = _server_timing(found.headers["server-timing"])
+                    scored.append(Scored(question, score(question, hits), ms))
+                    if args.verbose:
+                        print(number, question.id, question.type, scored[-1].metrics, f"{ms:.1f}")
+                    elif number % 10 == 0:
+                        print(
+                            f"... {number}/{len(records)} questions,"
+                            f" {time.monotonic() - started:.0f} s",
+                            file=sys.stderr,
+                        )
+            finally:
+                await embedder.close()
+                await api.aclose()
+                server.close()
+            print(common.machine_report(admin, target))
+            print(
+                f"model {settings.openai_embedding_model} ({settings.embedding_dimensions}"
+                f" dimensions), k={K}, MEMORY_RECALL_MIN_SCORE={settings.memory_recall_min_score},"
+                f" MEMORY_RECALL_WORDS={settings.memory_recall_words},"
+                f" MEMORY_RECALL_TIME={settings.memory_recall_time}; data {args.data.name};"
+                f" embeddings cache {cache.hits} hits, {cache.misses} misses"
+            )
+            print(
+                f"import: median {statistics.median(import_rates):,.0f} messages/s per request"
+                f" (POST /sessions/import, embeddings aside; {len(import_rates)} requests);"
+                f" backfill and waiting for it: {embed_seconds:.1f} s in all"
+            )
+            headers, rows = table(scored)
+            print(common.format_table(headers, rows))
+            print(summary_line(scored))
+
+
+def _iso(value: str) -> str:
+    return datetime.fromisoformat(value).astimezone(UTC).isoformat()
+
+
+def _server_timing(header: str) -> float:
+    for part in header.split(","):
+        name, _, rest = part.strip().partition(";")
+        if name == "recall":
+            return float(rest.partition("dur=")[2])
+    raise ValueError(f"no recall timing in {header!r}")
+
+
+async def _until_recall_ready(api: Any, embedder: Any, auth: Mapping[str, str]) -> None:
+    for _ in range(100):
+        status = await api.get("/sessions/import/status", headers=auth)
+        if status.json()["recall_ready"]:
+            return
+        await embedder.run()
+    raise SystemExit("the backfill did not finish: is the embeddings server answering?")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="a LongMemEval JSON file")
+    parser.add_argument("--questions", type=int, default=0, help="only the first N (0: all)")
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="embeddings cache")
+    parser.add_argument(
+        "--min-score",
+        type=float,
+        default=0.0,
+        help="MEMORY_RECALL_MIN_SCORE for the run (default 0: every candidate)",
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], help="another setting, e.g. memory_recall_time=0"
+    )
+    parser.add_argument("--verbose", action="store_true", help="a line per question")
+    asyncio.run(run(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""LongMemEval's retrieval metrics, as the paper defines them, for memchat's recall.
+
+A question's haystack is a list of sessions, each a list of turns; some
+sessions hold the evidence (`answer_session_ids`), some turns are marked
+`has_answer`. memchat recalls *exchanges*: a user message with the answer it
+got. So an exchange here is a user turn and the assistant turns after it up
+to the next user turn, named (session id, index of its user turn); an
+exchange is evidence when one of its turns has `has_answer`. An evidence
+turn with no user turn before it in its session belongs to no exchange: it
+can never be recalled, and it still counts against recall_all.
+
+Metrics (abstention questions, `_abs`, are left out, as in the paper):
+
+- session level, sessions ranked by their best recalled exchange (the order
+  in which they first appear among the hits): recall_any@5 (an answer
+  session among the top 5), recall_all@5, recall_all@10 (every answer
+  session among the top k), ndcg_any@10 (answer sessions relevant, binary);
+- exchange level, over the ranked hits: recall_any@3 (memchat's default k),
+  recall_any@5, recall_all@10 (every evidence exchange among the top 10).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Exchange = tuple[str, int]  # (haystack session id, index of its user turn)
+
+METRICS = (
+    "session_recall_any@5",
+    "session_recall_all@5",
+    "session_recall_all@10",
+    "ndcg_any@10",
+    "turn_recall_any@3",
+    "turn_recall_any@5",
+    "turn_recall_all@10",
+)
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    type: str
+    date: str
+    text: str
+    answer_sessions: frozenset[str]
+    evidence: frozenset[Exchange]  # the exchanges holding a has_answer turn
+    unreachable_evidence: int  # has_answer turns that belong to no exchange
+
+    @property
+    def abstention(self) -> bool:
+        return self.id.endswith("_abs")
+
+
+def exchanges_of(session: Sequence[Mapping[str, Any]]) -> list[tuple[int, list[int]]]:
+    """A session's exchanges: (the user turn's index, the indexes of its turns)."""
+    found: list[tuple[int, list[int]]] = []
+    for index, turn in enumerate(session):
+        if turn["role"] == "user":
+            found.append((index, [index]))
+        elif found:
+            found[-1][1].append(index)
+    return found
+
+
+def question_of(record: Mapping[str, Any]) -> Question:
+    """A LongMemEval record's question and its evidence."""
+    evidence: set[Exchange] = set()
+    unreachable = 0
+    for session_id, session in zip(
+        record["haystack_session_ids"], record["haystack_sessions"], strict=True
+    ):
+        covered: set[int] = set()
+        for user_index, turns in exchanges_of(session):
+            covered.update(turns)
+            if any(session[t].get("has_answer") for t in turns):
+                evidence.add((session_id, user_index))
+        unreachable += sum(
+            1 for i, turn in enumerate(session) if turn.get("has_answer") and i not in covered
+        )
+    return Question(
+        id=record["question_id"],
+        type=record["question_type"],
+        date=record["question_date"],
+        text=record["question"],
+        answer_sessions=frozenset(record["answer_session_ids"]),
+        evidence=frozenset(evidence),
+        unreachable_evidence=unreachable,
+    )
+
+
+def ranked_sessions(hits: Sequence[Exchange]) -> list[str]:
+    """Sessions in the order their best exchange was recalled."""
+    seen: list[str] = []
+    for session_id, _ in hits:
+        if session_id not in seen:
+            seen.append(session_id)
+    return seen
+
+
+def _ndcg(ranked: Sequence[str], relevant: frozenset[str], k: int) -> float:
+    dcg = sum(1 / math.log2(i + 2) for i, s in enumerate(ranked[:k]) if s in relevant)
+    ideal = sum(1 / math.log2(i + 2) for i in range(min(len(relevant), k)))
+    return dcg / ideal if ideal else 0.0
+
+
+def score(question: Question, hits: Sequence[Exchange]) -> dict[str, float]:
+    """The question's metrics for the ranked hits (best first)."""
+    sessions = ranked_sessions(hits)
+    answer = question.answer_sessions
+    evidence = question.evidence
+    complete = question.unreachable_evidence == 0
+
+    def sessions_any(k: int) -> float:
+        return float(bool(answer & set(sessions[:k])))
+
+    def sessions_all(k: int) -> float:
+        return float(bool(answer) and answer <= set(sessions[:k]))
+
+    def turns_any(k: int) -> float:
+        return float(bool(evidence & set(hits[:k])))
+
+    def turns_all(k: int) -> float:
+        return float(complete and bool(evidence) and evidence <= set(hits[:k]))
+
+    return {
+        "session_recall_any@5": sessions_any(5),
+        "session_recall_all@5": sessions_all(5),
+        "session_recall_all@10": sessions_all(10),
+        "ndcg_any@10": _ndcg(sessions, answer, 10),
+        "turn_recall_any@3": turns_any(3),
+        "turn_recall_any@5": turns_any(5),
+        "turn_recall_all@10": turns_all(10),
+    }
+
+
+@dataclass(frozen=True)
+class Scored:
+    question: Question
+    metrics: dict[str, float]
+    ms: float  # the recall's latency
+
+
+def table(scored: Iterable[Scored]) -> tuple[list[str], list[list[str]]]:
+    """Per question type and overall (abstention questions left out): the mean
+    of each metric, the count, and recall latency p50/p95 ms."""
+    kept = [s for s in scored if not s.question.abstention]
+    groups: dict[str, list[Scored]] = {}
+    for item in kept:
+        groups.setdefault(item.question.type, []).append(item)
+    headers = ["question type", "n", *METRICS, "p50 ms", "p95 ms"]
+    rows = [_row(name, groups[name]) for name in sorted(groups)]
+    rows.append(_row("overall", kept))
+    return headers, rows
+
+
+def _row(name: str, items: Sequence[Scored]) -> list[str]:
+    means = [statistics.fmean(s.metrics[m] for s in items) if items else 0.0 for m in METRICS]
+    p50, p95 = percentiles([s.ms for s in items])
+    return [name, str(len(items)), *(f"{m:.3f}" for m in means), f"{p50:.1f}", f"{p95:.1f}"]
+
+
+def percentiles(values: Sequence[float]) -> tuple[float, float]:
+    """(p50, p95), nearest rank; (0, 0) for none."""
+    if not values:
+        return 0.0, 0.0
+    ordered = sorted(values)
+
+    def rank(p: float) -> float:
+        return ordered[max(0, math.ceil(p * len(ordered)) - 1)]
+
+    return rank(0.50), rank(0.95)
+
+
+def summary_line(scored: Iterable[Scored]) -> str:
+    """The run's last line: `questions=<n> session_recall_any@5=<x> ... p95_ms=<x>`."""
+    kept = [s for s in scored if not s.question.abstention]
+    parts = [f"questions={len(kept)}"]
+    for metric in METRICS:
+        value = statistics.fmean(s.metrics[metric] for s in kept) if kept else 0.0
+        parts.append(f"{metric}={value:.3f}")
+    parts.append(f"p95_ms={percentiles([s.ms for s in kept])[1]:.1f}")
+    return " ".join(parts)

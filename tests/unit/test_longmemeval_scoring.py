@@ -1,0 +1,146 @@
+"""The LongMemEval scorer (tests/bench/longmemeval_scoring.py) on a hand-made
+fixture whose every metric is worked out by hand below."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.bench.longmemeval_scoring import (
+    Scored,
+    exchanges_of,
+    question_of,
+    score,
+    summary_line,
+    table,
+)
+
+
+def turn(role: str, evidence: bool = False) -> dict[str, object]:
+    return {"role": role, "content": f"{role} says something", "has_answer": evidence}
+
+
+def record(qid: str, qtype: str, sessions: dict[str, list[dict[str, object]]], answer: list[str]):
+    return {
+        "question_id": qid,
+        "question_type": qtype,
+        "question": "q?",
+        "question_date": "2023/05/30 (Tue) 23:40",
+        "answer": "a",
+        "answer_session_ids": answer,
+        "haystack_session_ids": list(sessions),
+        "haystack_dates": ["2023/05/01 (Mon) 10:00"] * len(sessions),
+        "haystack_sessions": list(sessions.values()),
+    }
+
+
+# Two answer sessions; the evidence is a user turn in each.
+MULTI = record(
+    "q1",
+    "multi-session",
+    {
+        "s1": [turn("user", True), turn("assistant")],
+        "s2": [turn("user"), turn("assistant"), turn("user", True), turn("assistant")],
+        "s3": [turn("user"), turn("assistant"), turn("user"), turn("assistant")],
+    },
+    ["s1", "s2"],
+)
+# The evidence is the assistant's answer: its exchange is the user turn before it.
+ASSISTANT = record(
+    "q2",
+    "single-session-assistant",
+    {
+        "a1": [turn("user"), turn("assistant", True), turn("user"), turn("assistant")],
+        "a2": [turn("user"), turn("assistant"), turn("user"), turn("assistant")],
+    },
+    ["a1"],
+)
+# The evidence opens the session, before any user turn: no exchange holds it.
+UNREACHABLE = record(
+    "q3",
+    "knowledge-update",
+    {"b1": [turn("assistant", True), turn("user"), turn("assistant")]},
+    ["b1"],
+)
+ABSTENTION = record("q4_abs", "multi-session", {"c1": [turn("user"), turn("assistant")]}, ["c1"])
+
+HITS = {
+    "q1": [("s3", 0), ("s1", 0), ("s3", 2), ("s2", 2)],
+    "q2": [("a2", 0), ("a2", 2), ("a1", 2), ("a1", 0)],
+    "q3": [("b1", 1)],
+    "q4_abs": [],
+}
+
+EXPECTED = {
+    # Sessions ranked s3, s1, s2: answer sessions at ranks 2 and 3.
+    "q1": {
+        "session_recall_any@5": 1.0,
+        "session_recall_all@5": 1.0,
+        "session_recall_all@10": 1.0,
+        "ndcg_any@10": (1 / math.log2(3) + 1 / math.log2(4)) / (1 + 1 / math.log2(3)),
+        "turn_recall_any@3": 1.0,  # (s1, 0) is second
+        "turn_recall_any@5": 1.0,
+        "turn_recall_all@10": 1.0,  # (s1, 0) and (s2, 2) both in
+    },
+    # Sessions ranked a2, a1; the evidence exchange (a1, 0) is fourth.
+    "q2": {
+        "session_recall_any@5": 1.0,
+        "session_recall_all@5": 1.0,
+        "session_recall_all@10": 1.0,
+        "ndcg_any@10": 1 / math.log2(3),
+        "turn_recall_any@3": 0.0,
+        "turn_recall_any@5": 1.0,
+        "turn_recall_all@10": 1.0,
+    },
+    # The session is found; its evidence cannot be, by any exchange.
+    "q3": {
+        "session_recall_any@5": 1.0,
+        "session_recall_all@5": 1.0,
+        "session_recall_all@10": 1.0,
+        "ndcg_any@10": 1.0,
+        "turn_recall_any@3": 0.0,
+        "turn_recall_any@5": 0.0,
+        "turn_recall_all@10": 0.0,
+    },
+}
+
+
+def test_exchanges_are_user_turns_with_what_follows() -> None:
+    assert exchanges_of(UNREACHABLE["haystack_sessions"][0]) == [(1, [1, 2])]
+    assert exchanges_of(ASSISTANT["haystack_sessions"][0]) == [(0, [0, 1]), (2, [2, 3])]
+
+
+def test_the_evidence_of_each_question() -> None:
+    assert question_of(MULTI).evidence == {("s1", 0), ("s2", 2)}
+    assert question_of(ASSISTANT).evidence == {("a1", 0)}
+    unreachable = question_of(UNREACHABLE)
+    assert unreachable.evidence == frozenset() and unreachable.unreachable_evidence == 1
+    assert question_of(ABSTENTION).abstention
+
+
+@pytest.mark.parametrize("fixture", [MULTI, ASSISTANT, UNREACHABLE], ids=["q1", "q2", "q3"])
+def test_each_metric_of_each_question(fixture: dict[str, object]) -> None:
+    question = question_of(fixture)
+    assert score(question, HITS[question.id]) == pytest.approx(EXPECTED[question.id])
+
+
+def test_the_overall_line_leaves_abstention_out() -> None:
+    scored = [
+        Scored(question_of(r), score(question_of(r), HITS[str(r["question_id"])]), ms)
+        for r, ms in ((MULTI, 1.0), (ASSISTANT, 2.0), (UNREACHABLE, 3.0), (ABSTENTION, 99.0))
+    ]
+    ndcg = (EXPECTED["q1"]["ndcg_any@10"] + EXPECTED["q2"]["ndcg_any@10"] + 1.0) / 3
+    assert summary_line(scored) == (
+        "questions=3 session_recall_any@5=1.000 session_recall_all@5=1.000"
+        f" session_recall_all@10=1.000 ndcg_any@10={ndcg:.3f} turn_recall_any@3=0.333"
+        " turn_recall_any@5=0.667 turn_recall_all@10=0.667 p95_ms=3.0"
+    )
+    headers, rows = table(scored)
+    assert headers[0] == "question type" and rows[-1][:2] == ["overall", "3"]
+    assert [row[0] for row in rows] == [
+        "knowledge-update",
+        "multi-session",
+        "single-session-assistant",
+        "overall",
+    ]

@@ -1,0 +1,81 @@
+"""memchat.timeref: the period a time expression names, relative to a moment."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from memchat.timeref import period_in
+
+# A Tuesday.
+NOW = datetime(2023, 5, 30, 23, 40, tzinfo=UTC)
+
+
+def day(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("text", "start", "end"),
+    [
+        ("what did I buy yesterday?", "2023-05-29", "2023-05-30"),
+        ("the day before yesterday I ran", "2023-05-28", "2023-05-29"),
+        ("what did I eat today", "2023-05-30", "2023-05-31"),
+        ("two days ago I met Ana", "2023-05-27", "2023-05-30"),
+        ("3 days ago", "2023-05-26", "2023-05-29"),
+        ("a week ago", "2023-05-19", "2023-05-27"),
+        ("a couple of weeks ago", "2023-05-12", "2023-05-20"),
+        ("a month ago", "2023-04-14", "2023-05-16"),
+        ("two years ago", "2021-01-01", "2022-01-01"),
+        ("What did I buy last week?", "2023-05-22", "2023-05-29"),
+        ("this week", "2023-05-29", "2023-06-05"),
+        ("in the past week", "2023-05-23", "2023-05-31"),
+        ("last weekend", "2023-05-27", "2023-05-29"),
+        ("last month", "2023-04-01", "2023-05-01"),
+        ("this month", "2023-05-01", "2023-06-01"),
+        ("last year", "2022-01-01", "2023-01-01"),
+        ("last Saturday", "2023-05-27", "2023-05-28"),
+        ("on Tuesday", "2023-05-23", "2023-05-24"),
+        ("in March", "2023-03-01", "2023-04-01"),
+        ("in June", "2022-06-01", "2022-07-01"),
+        ("during May", "2023-05-01", "2023-06-01"),
+        ("last May", "2022-05-01", "2022-06-01"),
+        ("since April", "2023-04-01", "2023-05-31"),
+        ("March 2021", "2021-03-01", "2021-04-01"),
+        ("back in 2020", "2020-01-01", "2021-01-01"),
+        ("lately", "2023-04-30", "2023-05-31"),
+    ],
+)
+def test_a_known_expression_names_its_period(text: str, start: str, end: str) -> None:
+    period = period_in(text, NOW)
+    assert period is not None
+    assert (period.start, period.end) == (day(start), day(end))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "hello there",
+        "I may go to the park",  # "may" alone is the verb
+        "How many days ago did I start?",  # no number
+        "in 2031",  # not yet
+        "0 days ago",
+        "I mayday",
+    ],
+)
+def test_no_clear_period_is_none(text: str) -> None:
+    assert period_in(text, NOW) is None
+
+
+def test_the_first_expression_wins() -> None:
+    period = period_in("yesterday, not last month", NOW)
+    assert period is not None and period.start == day("2023-05-29")
+
+
+def test_periods_follow_the_moments_time_zone() -> None:
+    from datetime import timedelta, timezone
+
+    lisbon_evening = datetime(2023, 5, 30, 23, 40, tzinfo=timezone(timedelta(hours=-3)))
+    period = period_in("yesterday", lisbon_evening)
+    assert period is not None and period.start.isoformat() == "2023-05-29T00:00:00-03:00"
