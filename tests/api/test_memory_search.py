@@ -115,18 +115,22 @@ async def test_a_hit_brings_the_exchange_before_it(api: ApiClient, embedder: Emb
     assert hit["before"]["answer"] == "Congratulations!"
 
 
-async def test_without_words_the_answer_alone_is_not_found(
+async def test_a_word_match_outranks_every_match_by_meaning_alone(
     custom_api: Callable[..., ApiClient], embedder: Embedder
 ) -> None:
-    noise = [[("user", f"tell me about topic {i} please", at(3))] for i in range(6)]
-    target = [("user", "which lens should I buy", at(5)), ("assistant", "the zoomlens", at(5))]
-    for words, found in ((False, False), (True, True)):
-        api = custom_api(memory_recall_words=words, memory_recall_min_score=-1)
+    """Fusion: the one round holding the word is in both lists, so it comes
+    first whatever the vectors say (1/(60+r) + 1/61 > 1/61). Without the
+    word list the same search ranks another session first (the target is
+    imported first: on equal similarity the newer message wins)."""
+    target = [("user", "which camera should I buy", at(5)), ("assistant", "the zoomlens", at(5))]
+    noise = [[("user", f"tell me about subject {i} please", at(3))] for i in range(30)]
+    for words in (True, False):
+        api = custom_api(memory_recall_min_score=-1, memory_recall_words=words)
         _, auth = api.new_user()
-        ids = await import_sessions(api, auth, *noise, target)
+        ids = await import_sessions(api, auth, target, *noise)
         await embedder.run()
         hits = (await search(api, auth, "zoomlens", k=1)).json()["hits"]
-        assert ([h["session_id"] for h in hits] == [ids[-1]]) is found, words
+        assert ([h["session_id"] for h in hits] == [ids[0]]) is words, words
 
 
 async def test_the_floor_holds_for_word_matches_too(
