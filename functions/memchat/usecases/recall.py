@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from memchat import messages, store, timeref
+from memchat import messages, store
 from memchat.throttle import Bucket
 
 if TYPE_CHECKING:
@@ -136,6 +136,8 @@ class Recall:
     ) -> list[store.Hit]:
         """memchat.recall for `text` (its embedding `query`), with the period a
         time expression in it names (memchat.timeref), relative to `as_of`."""
+        from memchat import timeref  # its patterns compile on first use, not at cold start
+
         settings = self.settings
         moment = as_of or datetime.now(UTC)
         return await store.recall(
