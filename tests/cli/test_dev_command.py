@@ -265,3 +265,24 @@ def test_the_model_line_names_model_and_base_url_with_the_key_masked(
     assert "OFFLINE RESPONDER" not in output
     assert "embedded PostgreSQL" not in output  # DATABASE_URL: none started, none stopped
     assert not (tmp_path / "home" / "pgdata").exists()
+
+
+def test_a_data_directory_of_another_postgresql_version_is_moved_aside(tmp_path: Path) -> None:
+    # memchat's embedded server was PostgreSQL 16 before it was 18: a data
+    # directory from then cannot be opened, so it is kept aside and a new
+    # one starts.
+    old = tmp_path / "pgdata"
+    old.mkdir()
+    (old / "PG_VERSION").write_text("16\n")
+    (old / "kept.txt").write_text("the old data")
+    try:
+        uri = devdb.start(old)
+        with psycopg.connect(uri) as conn:
+            row = conn.execute("show server_version_num").fetchone()
+        assert row is not None and row[0].startswith(devdb.shipped_major())
+        aside = tmp_path / "pgdata-pg16"
+        assert (aside / "kept.txt").read_text() == "the old data"
+        assert (old / "PG_VERSION").read_text().strip() == devdb.shipped_major()
+        assert devdb.set_aside_other_major(old) is None  # this version's: left alone
+    finally:
+        devdb.stop(old)

@@ -28,6 +28,11 @@ _VECTOR_TABLES = ("message_embeddings", "message_facts")
 _DROP_OTHER_SIZES = sql.SQL("delete from memchat.{} where extensions.vector_dims(embedding) <> %s")
 _RESIZE = sql.SQL("alter table memchat.{} alter column embedding type extensions.vector({})")
 _KEEP_IN_ROW = sql.SQL("alter table memchat.{} alter column embedding set storage main")
+# The HNSW indexes (migration *_recall_at_scale.sql) go before the type change
+# (HNSW takes at most 2,000 dimensions) and come back after it where they can.
+_DROP_INDEX = sql.SQL("drop index if exists memchat.{}")
+_VECTOR_INDEXES = ("message_embeddings_embedding_idx", "message_facts_embedding_idx")
+_INDEX_RECALL_KEYS = "select memchat.index_recall_keys()"
 _ADOPT_UNKNOWN = "update memchat.message_embeddings set model = %s where model is null"
 _ANY_EMBEDDING = "select exists (select 1 from memchat.message_embeddings)"
 
@@ -127,10 +132,13 @@ async def stored_embedding_dimensions(db: Database, caller: Caller | None) -> in
 def resize_embeddings(conn: psycopg.Connection[Any], dimensions: int) -> int:
     """Make the stored column vector(`dimensions`), as the table's owner: the
     embeddings of another size are deleted first, in the same transaction
-    (their messages stay; the backfill embeds them again). Returns how many
-    were deleted."""
+    (their messages stay; the backfill embeds them again), and the HNSW
+    indexes are made again where pgvector and the size allow them
+    (memchat.index_recall_keys). Returns how many were deleted."""
     deleted = 0
     with conn.transaction():
+        for index in _VECTOR_INDEXES:
+            conn.execute(_DROP_INDEX.format(sql.Identifier(index)))
         for name in _VECTOR_TABLES:
             table = sql.Identifier(name)
             rows = conn.execute(_DROP_OTHER_SIZES.format(table), (dimensions,)).rowcount
@@ -138,6 +146,7 @@ def resize_embeddings(conn: psycopg.Connection[Any], dimensions: int) -> int:
                 deleted = rows
             conn.execute(_RESIZE.format(table, sql.Literal(dimensions)))
             conn.execute(_KEEP_IN_ROW.format(table))
+        conn.execute(_INDEX_RECALL_KEYS)
     return deleted
 
 

