@@ -4,16 +4,29 @@
 -- * By meaning: where pgvector has iterative index scans (0.8 and later, as
 --   on Supabase), HNSW indexes over the messages' embeddings and the fact
 --   keys (memchat.index_recall_keys), and a caller with a long history
---   (memchat.ann_from_messages() messages or more in live sessions) is
---   searched through them: the nearest keys of the caller's own, found by
---   the index scan that keeps going until it has them (hnsw.iterative_scan),
---   then filtered to live sessions outside the window. If that yields fewer
+--   (memchat.ann_from_messages() messages or more in live sessions, and a
+--   share of the table large enough, below) is searched through them: the
+--   nearest keys of the caller's own, found by the index scan that keeps
+--   going until it has them (hnsw.iterative_scan), then filtered to live
+--   sessions outside the window. A scan filtered to one caller's rows
+--   visits about (rows wanted) / (the caller's share of the table) entries,
+--   each a read of its row as the exact scan's are: the index is taken when
+--   that is well under the caller's own rows (measured: a caller of 1,000
+--   messages in a table of 211,000 rows is 25 times slower through the
+--   index than by the exact scan; one of 100,000, 100 times faster). If that yields fewer
 --   than the list's depth (many of the nearest in expired sessions, or the
 --   scan's tuple limit reached for a caller with a small share of a huge
 --   table), the exact scan runs instead. A shorter history, or an older
 --   pgvector (0.6 in pgserver 0.1.4, no iterative scans: a filtered HNSW
 --   search returns fewer rows than exist), is ranked exactly, as before:
 --   for those the exact scan is cheap, or the only correct one.
+-- * By words, through the GIN index: the rounds holding the query's words
+--   are found by memchat.rounds_matching, which filters to the caller's rows
+--   itself (auth.uid()), as the owner. Under row-level security the planner
+--   may not use the GIN index for `@@` (ts_match_vq is not leakproof, so it
+--   cannot run before the policy's filter): every one of the caller's rows
+--   was read and tested, 10,000 heap pages for a caller of 10,000 messages,
+--   where the index finds the 200 that hold a word.
 -- * By words: a caller with more rounds than memchat.words_budget() searches
 --   with the query's rarer words only: its commonest words, by the table's
 --   own statistics (pg_stats' most common elements of the lexemes), are
@@ -147,6 +160,34 @@ end
 $$;
 revoke all on function memchat.rarer_words(tsquery, bigint, integer) from public;
 
+-- The caller's rounds of one agent and model in live sessions, outside the
+-- window (as memchat.recall_keys), holding a word of p_words: their message
+-- ids, best first by ts_rank (normalised by the round's length: 1 + log; a
+-- word in the message (weight A) counts more than one in its answer (B)).
+-- SECURITY DEFINER so that the GIN index can be used (above); the caller's
+-- rows only, by the verified claims' auth.uid() (none without claims).
+create function memchat.rounds_matching(
+  p_agent_name text, p_model text, p_words tsquery, p_session_id uuid, p_floor bigint,
+  p_limit integer
+) returns bigint[]
+language sql stable security definer
+set search_path = ''
+set enable_bitmapscan = on
+as $$
+  select coalesce(array_agg(m.message_id order by m.rank desc, m.message_id desc), '{}')
+    from (select e.message_id, ts_rank(e.lexemes, p_words, 1) as rank
+            from memchat.message_embeddings e
+            join public.chat_sessions s on s.id = e.session_id and s.user_id = e.user_id
+           where e.user_id = auth.uid() and e.agent_name = p_agent_name and e.model = p_model
+             and s.status = 'active' and s.expires_at > pg_catalog.now()
+             and (p_session_id is null or e.session_id <> p_session_id or e.message_id < p_floor)
+             and e.lexemes operator(pg_catalog.@@) p_words
+           order by 2 desc, 1 desc
+           limit p_limit) m
+$$;
+revoke all on function memchat.rounds_matching(text, text, tsquery, uuid, bigint, integer)
+  from public;
+
 -- ======================================================= recall
 -- As in migration *_hybrid_recall.sql, with the two lists above read as a
 -- long history needs them.
@@ -174,6 +215,7 @@ declare
   v_words tsquery := memchat.any_words(p_text);
   v_depth integer := greatest(p_k * 4, 20);
   v_messages bigint := 0;
+  v_table_rows real;
   v_meaning bigint[] := '{}';
   v_matching bigint[] := '{}';
   v_period bigint[] := '{}';
@@ -210,6 +252,13 @@ begin
 
   -- A message is as near as its nearest key (its own embedding or a fact's).
   if v_messages >= memchat.ann_from_messages() and memchat.recall_index_ready() then
+    -- The table's rows as the statistics know them (-1: never analysed).
+    select c.reltuples into v_table_rows
+      from pg_catalog.pg_class c where c.oid = 'memchat.message_embeddings'::pg_catalog.regclass;
+  end if;
+  if v_table_rows is not null
+     and (v_table_rows < 0
+          or (v_messages / 2.0) ^ 2 > 4.0 * (v_depth * 3 + p_window) * v_table_rows) then
     -- The HNSW indexes, each scan going on until it has its rows of the
     -- caller's (relaxed order: re-sorted here). Sorting is off while this
     -- statement is planned, so that the planner cannot read the owner
@@ -271,20 +320,8 @@ begin
   end if;
   if v_words is not null then
     v_words := memchat.rarer_words(v_words, v_messages / 2, memchat.words_budget());
-    perform set_config('enable_bitmapscan', 'on', true);
-    -- The rows holding any word, best first by ts_rank (normalised by
-    -- the round's length: 1 + log; a word in the message (weight A) counts
-    -- more than one in its answer (B)).
-    v_matching := array(
-      select e.message_id
-        from memchat.message_embeddings e
-        join public.chat_sessions s on s.id = e.session_id and s.user_id = e.user_id
-       where e.user_id = v_uid and e.agent_name = p_agent_name and e.model = p_model
-         and s.status = 'active' and s.expires_at > now()
-         and (p_session_id is null or e.session_id <> p_session_id or e.message_id < v_floor)
-         and e.lexemes operator(pg_catalog.@@) v_words
-       order by ts_rank(e.lexemes, v_words, 1) desc, e.message_id desc
-       limit v_depth);
+    v_matching := memchat.rounds_matching(p_agent_name, p_model, v_words, p_session_id, v_floor,
+                                          v_depth);
   end if;
 
   for v_candidate in
@@ -343,5 +380,6 @@ $$;
 
 grant execute on function memchat.vector_iterative_scans(), memchat.ann_from_messages(),
   memchat.words_budget(), memchat.recall_index_ready(),
-  memchat.rarer_words(tsquery, bigint, integer)
+  memchat.rarer_words(tsquery, bigint, integer),
+  memchat.rounds_matching(text, text, tsquery, uuid, bigint, integer)
   to memchat_user;

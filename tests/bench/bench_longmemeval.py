@@ -137,6 +137,9 @@ async def run(args: argparse.Namespace) -> None:
                 offline_model=True,
                 **{**local, "embedding_base_url": cache.url},
                 embedding_batch_size=256,
+                # The local model embeds a batch of 256 long messages in seconds,
+                # minutes on a busy machine: the backfill's batch must not time out.
+                openai_timeout_seconds=600,
                 memory_recall_min_score=args.min_score,
                 max_message_chars=1_000_000,
                 db_max_connections=4,

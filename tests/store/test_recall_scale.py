@@ -272,3 +272,27 @@ def test_a_long_history_leaves_its_commonest_words_out(own: Fresh) -> None:
     assert rarer("weather", 40_000) == "'weather'"
     # Phrases and exclusions are left whole.
     assert rarer('"weather report" zebra7', 40_000) == "'weather' <-> 'report' | 'zebra7'"
+
+
+def test_the_word_list_reads_only_the_callers_rounds(own: Fresh) -> None:
+    # memchat.rounds_matching runs as the owner (so the GIN index can be
+    # used): the caller's rows come from the verified claims, nobody else's.
+    from tests.utils.store_data import acting_as, through_data_api
+
+    users = UserFactory(own.admin)
+    alice, bob = users.create(), users.create()
+    rng = random.Random(11)
+    vector = [unit([rng.gauss(0, 1) for _ in range(DIMS)])]
+    (mine,) = fill(own.admin, alice, vector, ["my parrot is called Rio"])
+    fill(own.admin, bob, vector, ["the parrot of Bob"])
+    call = (
+        "select memchat.rounds_matching('default', %s, to_tsquery('english', 'parrot'),"
+        " null, 9223372036854775807, 10)"
+    )
+    with acting_as(own.admin, alice.claims) as conn:
+        assert scalar(conn, call, (MODEL,)) == [mine]
+    with acting_as(own.admin, {"role": "authenticated"}) as conn:  # claims without a user
+        assert scalar(conn, call, (MODEL,)) == []
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with through_data_api(own.admin, alice.claims) as conn:
+            conn.execute(call, (MODEL,))
