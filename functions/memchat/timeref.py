@@ -11,7 +11,9 @@ the others.
 Known: today, yesterday, the day before yesterday; N days/weeks/months/years
 ago (N a number or a word up to twelve, "a", "a couple of", "a few");
 this/last/past week|month|year|weekend; last/on <weekday>; in/during/last
-<month> [year]; in <year>; recently, lately (the last 30 days).
+<month> [year]; in <year>; recently, lately (the last 30 days). After
+"before"/"until"/"prior to", the time up to the period's start ("before
+today"); after "after", the time from its end.
 """
 
 from __future__ import annotations
@@ -97,7 +99,18 @@ def period_in(text: str, now: datetime) -> Period | None:
                 found.append((match.start(), period))
     if not found:
         return None
-    return min(found, key=lambda item: item[0])[1]
+    start, period = min(found, key=lambda item: item[0])
+    # "before today", "after last week": the time on the far side of it.
+    leading = lowered[:start].rstrip()
+    if leading.endswith(_BEFORE) and period.start is not None:
+        return Period(None, period.start)
+    if leading.endswith(_AFTER) and period.end is not None:
+        return Period(period.end, None)
+    return period
+
+
+_BEFORE = (" before", " until", " prior to", " earlier than")
+_AFTER = (" after", " later than")
 
 
 def _day(moment: datetime) -> datetime:

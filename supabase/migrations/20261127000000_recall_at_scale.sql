@@ -59,11 +59,13 @@ language sql immutable parallel safe
 set search_path = ''
 as $$ select 2000 $$;
 
--- How many rounds the words list may expect to rank.
+-- How many rounds the words list may expect to rank. (On LongMemEval, whose
+-- users have about 490 rounds, ranking with the rarer words within 300
+-- found what all of them found: docs/benchmarks.md.)
 create function memchat.words_budget() returns integer
 language sql immutable parallel safe
 set search_path = ''
-as $$ select 1000 $$;
+as $$ select 300 $$;
 
 -- The HNSW indexes over the recall keys: made where iterative scans exist
 -- and the vectors are short enough for HNSW (2,000 dimensions), dropped
@@ -213,7 +215,7 @@ declare
   v_uid uuid := auth.uid();
   v_floor bigint := 9223372036854775807;
   v_words tsquery := memchat.any_words(p_text);
-  v_depth integer := greatest(p_k * 4, 20);
+  v_depth integer := greatest(p_k * 2, 20);
   v_messages bigint := 0;
   v_table_rows real;
   v_meaning bigint[] := '{}';
@@ -223,6 +225,15 @@ declare
   v_ids bigint[] := '{}';
   v_scores double precision[] := '{}';
   v_candidate record;
+  -- The candidates left after the floor and the collapse, best fused first.
+  v_pool_ids bigint[] := '{}';
+  v_pool_fused double precision[] := '{}';
+  v_pool_scores double precision[] := '{}';
+  v_pool_sessions uuid[] := '{}';
+  v_sessions uuid[] := '{}';
+  v_best integer;
+  v_best_value double precision;
+  v_value double precision;
 begin
   if p_k <= 0 then
     return '[]'::jsonb;
@@ -324,15 +335,19 @@ begin
                                           v_depth);
   end if;
 
+  -- Reciprocal rank fusion with k = 20: the lists' first places weigh more
+  -- than with the customary 60, so that an exchange first by meaning and
+  -- first in the period is not outranked by one that is middling in all
+  -- three lists (measured on LongMemEval, docs/benchmarks.md).
   for v_candidate in
     with fused as (
-      select l.id, sum(1.0 / (60 + l.r)) as fused
+      select l.id, sum(1.0 / (20 + l.r)) as fused
         from (select * from unnest(v_meaning) with ordinality as a(id, r)
               union all select * from unnest(v_matching) with ordinality as b(id, r)
               union all select * from unnest(v_period) with ordinality as c(id, r)) l
        group by l.id
     )
-    select f.id as message_id, e.embedding, f.fused,
+    select f.id as message_id, e.session_id, e.embedding, f.fused,
            1 - least(e.embedding operator(extensions.<=>) p_query,
                      (select min(x.embedding operator(extensions.<=>) p_query)
                         from memchat.message_facts x
@@ -341,14 +356,37 @@ begin
       join memchat.message_embeddings e on e.message_id = f.id
      order by f.fused desc, f.id desc
   loop
-    exit when cardinality(v_ids) >= p_k;
     continue when v_candidate.score < p_min_score;
     continue when exists (
       select 1 from unnest(v_kept) k(v)
        where 1 - (k.v operator(extensions.<=>) v_candidate.embedding) >= p_collapse);
     v_kept := v_kept || v_candidate.embedding;
-    v_ids := v_ids || v_candidate.message_id;
-    v_scores := v_scores || v_candidate.score;
+    v_pool_ids := v_pool_ids || v_candidate.message_id;
+    v_pool_fused := v_pool_fused || v_candidate.fused::double precision;
+    v_pool_scores := v_pool_scores || v_candidate.score;
+    v_pool_sessions := v_pool_sessions || v_candidate.session_id;
+  end loop;
+  -- The k best, each candidate's fused score worth 0.9 times less for every
+  -- hit already taken from its session: several sessions that each say
+  -- something come before one session saying it again (a question about
+  -- "how many", "which first" needs them all), while a session holding
+  -- several good exchanges still gives them.
+  while cardinality(v_ids) < p_k loop
+    v_best := null;
+    v_best_value := -1;
+    for i in 1 .. coalesce(cardinality(v_pool_ids), 0) loop
+      continue when v_pool_ids[i] = any(v_ids);
+      v_value := v_pool_fused[i]
+                 * 0.9 ^ coalesce(cardinality(array_positions(v_sessions, v_pool_sessions[i])), 0);
+      if v_value > v_best_value then
+        v_best := i;
+        v_best_value := v_value;
+      end if;
+    end loop;
+    exit when v_best is null;
+    v_ids := v_ids || v_pool_ids[v_best];
+    v_scores := v_scores || v_pool_scores[v_best];
+    v_sessions := v_sessions || v_pool_sessions[v_best];
   end loop;
 
   return coalesce((

@@ -92,13 +92,44 @@ async def test_hits_are_the_callers_best_first_with_their_answers(
     assert hits[0].title == "near"
 
 
-async def test_near_duplicates_collapse_at_point_nine(db: Database, users: UserFactory) -> None:
+async def test_near_duplicates_collapse_at_point_nine_five(
+    db: Database, users: UserFactory
+) -> None:
     alice = users.create()
     await say(db, alice, "best", unit(1))
     await say(db, alice, "same thing again", unit(1, 0.1))  # ~0.995 to "best"
     await say(db, alice, "related", angled(0.85, axis=2))  # 0.85 to "best": kept
     hits = await recall(db, alice, unit(1), k=3)
     assert [h.question for h in hits] == ["best", "related"]
+
+
+async def test_a_fact_and_its_update_are_both_recalled(db: Database, users: UserFactory) -> None:
+    # 0.97 to the query each, 0.94 to each other: close, yet two memories
+    # (an update of a fact says nearly what the fact said); 0.9 collapsed them.
+    alice = users.create()
+    await say(db, alice, "I have 3 bikes", angled(0.97, axis=1))
+    await say(db, alice, "I have 4 bikes now", angled(0.97, axis=2))
+    hits = await recall(db, alice, unit(1), k=3)
+    assert sorted(h.question for h in hits) == ["I have 3 bikes", "I have 4 bikes now"]
+
+
+async def test_another_session_comes_before_a_third_hit_of_one_session(
+    db: Database, users: UserFactory
+) -> None:
+    # Each hit already taken from a session makes its next one worth 0.9
+    # times less: "B" (4th by meaning) comes before "A2" (2nd), "A3" last.
+    alice = users.create()
+    one = uuid.uuid4()
+    for text, similarity, axis in (("A1", 0.95, 1), ("A2", 0.94, 2), ("A3", 0.93, 3)):
+        await say(db, alice, text, angled(similarity, axis=axis), session_id=one)
+    await say(db, alice, "B", angled(0.92, axis=4))
+    hits = await recall(db, alice, unit(1), k=4)
+    assert [h.question for h in hits] == ["A1", "B", "A2", "A3"]
+    # The same exchanges, each in a session of its own: by meaning alone.
+    bob = users.create()
+    for text, similarity, axis in (("A1", 0.95, 1), ("A2", 0.94, 2), ("A3", 0.93, 3)):
+        await say(db, bob, text, angled(similarity, axis=axis), session_id=uuid.uuid4())
+    assert [h.question for h in await recall(db, bob, unit(1), k=3)] == ["A1", "A2", "A3"]
 
 
 async def test_recall_respects_k_after_collapsing(db: Database, users: UserFactory) -> None:

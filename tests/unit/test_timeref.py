@@ -79,3 +79,23 @@ def test_periods_follow_the_moments_time_zone() -> None:
     lisbon_evening = datetime(2023, 5, 30, 23, 40, tzinfo=timezone(timedelta(hours=-3)))
     period = period_in("yesterday", lisbon_evening)
     assert period is not None and period.start.isoformat() == "2023-05-29T00:00:00-03:00"
+
+
+@pytest.mark.parametrize(
+    ("text", "start", "end"),
+    [
+        ("the airlines I flew with before today", None, "2023-05-30"),
+        ("what I read until last week", None, "2023-05-22"),
+        ("what did I cook after last weekend", "2023-05-29", None),
+        ("the day before yesterday I ran", "2023-05-28", "2023-05-29"),  # one expression
+    ],
+)
+def test_before_and_after_an_expression_name_the_time_beyond_it(
+    text: str, start: str | None, end: str | None
+) -> None:
+    period = period_in(text, NOW)
+    assert period is not None
+    assert (period.start, period.end) == (
+        day(start) if start else None,
+        day(end) if end else None,
+    )

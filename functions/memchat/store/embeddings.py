@@ -16,8 +16,11 @@ from memchat.store.records import Caller, Embedding, Hit, Period
 from memchat.throttle import Bucket
 
 # Similar earlier messages at or above this similarity to a better hit are
-# the same memory said twice: only the better one is recalled.
-COLLAPSE_SIMILARITY = 0.9
+# the same memory said twice: only the better one is recalled. (0.9 also
+# collapsed a fact with its update, "I have 3 bikes" and later "I have 4
+# bikes", which the model needs both of, with their dates: measured on
+# LongMemEval, docs/benchmarks.md.)
+COLLAPSE_SIMILARITY = 0.95
 
 RECALL = "select memchat.recall(%s, %s, %s, %s::extensions.vector, %s, %s, %s, %s, %s, %s, %s)"
 _EMBEDDING_DIMENSIONS = "select memchat.embedding_dimensions()"
