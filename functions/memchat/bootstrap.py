@@ -141,7 +141,7 @@ def dev_app(settings: Settings) -> FastAPI:
     from memchat.api.routes import page
 
     served = app(settings, check_recall=True)
-    served.include_router(page.router)
+    page.install(served)
     return served
 
 

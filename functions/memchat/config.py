@@ -176,6 +176,10 @@ class Settings(BaseModel):
     # sentence about the user (messages.fact_sentences): more embeddings
     # (about 1.5 per user message), better recall. 0: none are made.
     memory_recall_facts: bool = True
+    # Offer the model the search_memory tool (model/search_tool.py) on every
+    # POST /v1/chat/completions turn; a request's `memchat.search_memory`
+    # decides for itself.
+    search_memory_tool: bool = False
     # Embeddings come from any OpenAI-compatible `POST /embeddings`: this
     # model (recorded with every stored embedding: vectors of different
     # models are never compared), at EMBEDDING_BASE_URL with EMBEDDING_API_KEY

@@ -190,6 +190,31 @@ $$;
 revoke all on function memchat.rounds_matching(text, text, tsquery, uuid, bigint, integer)
   from public;
 
+-- The exact scan: the caller's p_depth messages nearest to p_query (a
+-- message as near as its nearest key, memchat.recall_keys), written in
+-- [p_from, p_until) (null: open), best first. Plain SQL, inlined into
+-- memchat.recall's statements with its caller's rights; the owner indexes
+-- read in order (bitmap scans off there, migration *_recall_plan.sql).
+create function memchat.nearest_messages(
+  p_uid uuid, p_agent_name text, p_model text, p_session_id uuid, p_floor bigint,
+  p_query extensions.vector, p_depth integer, p_from timestamptz, p_until timestamptz
+) returns table (message_id bigint)
+language sql stable
+as $$
+  select k.message_id
+    from (select k.message_id, k.embedding operator(extensions.<=>) p_query as distance
+            from memchat.recall_keys(p_uid, p_agent_name, p_model, p_session_id, p_floor) k
+           where k.created_at >= coalesce(p_from, '-infinity')
+             and k.created_at < coalesce(p_until, 'infinity')
+           order by distance
+           limit p_depth * 3) k
+   group by k.message_id
+   order by min(k.distance), k.message_id desc
+   limit p_depth
+$$;
+revoke all on function memchat.nearest_messages(uuid, text, text, uuid, bigint, extensions.vector,
+                                                integer, timestamptz, timestamptz) from public;
+
 -- ======================================================= recall
 -- As in migration *_hybrid_recall.sql, with the two lists above read as a
 -- long history needs them.
@@ -306,28 +331,12 @@ begin
   if cardinality(v_meaning) < v_depth then
     -- The exact scan: the owner index read in order (bitmap scans off,
     -- migration *_recall_plan.sql).
-    v_meaning := array(
-      select k.message_id
-        from (select k.message_id, k.embedding operator(extensions.<=>) p_query as distance
-                from memchat.recall_keys(v_uid, p_agent_name, p_model, p_session_id, v_floor) k
-               order by distance
-               limit v_depth * 3) k
-       group by k.message_id
-       order by min(k.distance), k.message_id desc
-       limit v_depth);
+    v_meaning := array(select n.message_id from memchat.nearest_messages(
+      v_uid, p_agent_name, p_model, p_session_id, v_floor, p_query, v_depth, null, null) n);
   end if;
   if p_from is not null or p_until is not null then
-    v_period := array(
-      select k.message_id
-        from (select k.message_id, k.embedding operator(extensions.<=>) p_query as distance
-                from memchat.recall_keys(v_uid, p_agent_name, p_model, p_session_id, v_floor) k
-               where k.created_at >= coalesce(p_from, '-infinity')
-                 and k.created_at < coalesce(p_until, 'infinity')
-               order by distance
-               limit v_depth * 3) k
-       group by k.message_id
-       order by min(k.distance), k.message_id desc
-       limit v_depth);
+    v_period := array(select n.message_id from memchat.nearest_messages(
+      v_uid, p_agent_name, p_model, p_session_id, v_floor, p_query, v_depth, p_from, p_until) n);
   end if;
   if v_words is not null then
     v_words := memchat.rarer_words(v_words, v_messages / 2, memchat.words_budget());
@@ -419,5 +428,7 @@ $$;
 grant execute on function memchat.vector_iterative_scans(), memchat.ann_from_messages(),
   memchat.words_budget(), memchat.recall_index_ready(),
   memchat.rarer_words(tsquery, bigint, integer),
-  memchat.rounds_matching(text, text, tsquery, uuid, bigint, integer)
+  memchat.rounds_matching(text, text, tsquery, uuid, bigint, integer),
+  memchat.nearest_messages(uuid, text, text, uuid, bigint, extensions.vector, integer,
+                           timestamptz, timestamptz)
   to memchat_user;

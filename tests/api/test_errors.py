@@ -70,14 +70,91 @@ async def test_invalid_json_body_is_400(api: ApiClient, model: FakeOpenAI, conte
     assert model.calls == 0
 
 
-async def test_a_blank_message_is_400_before_the_model_is_called(
-    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
+@pytest.mark.parametrize("message", ["", "   \n\t"], ids=["empty", "whitespace"])
+async def test_an_empty_or_blank_message_is_the_same_400_before_the_model_is_called(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection, message: str
 ) -> None:
     user_id, auth = api.new_user()
-    r = await api.post("/chat", json={"message": "   \n\t"}, headers=auth)
-    assert_error(r, 400, "bad_request")
+    r = await api.post("/chat", json={"message": message}, headers=auth)
+    body = assert_error(r, 400, "bad_request")
+    assert body["detail"] == "message is empty or only whitespace; send some text."
     assert model.calls == 0
     assert snapshot(admin, user_id)["chat_sessions"] == []
+
+
+@pytest.mark.parametrize(
+    ("content_type", "named"),
+    [
+        ("text/plain", "it was text/plain"),
+        ("application/x-www-form-urlencoded", "it was application/x-www-form-urlencoded"),
+        (None, "it had none"),
+    ],
+)
+async def test_a_body_that_is_not_sent_as_json_is_415_naming_the_type(
+    api: ApiClient,
+    model: FakeOpenAI,
+    admin: psycopg.Connection,
+    content_type: str | None,
+    named: str,
+) -> None:
+    user_id, auth = api.new_user()
+    headers = dict(auth) if content_type is None else {**auth, "Content-Type": content_type}
+    r = await api.post("/chat", content=b'{"message": "hi"}', headers=headers)
+    body = assert_error(r, 415, "unsupported_media_type")
+    assert body["detail"] == (
+        f"The request body must be JSON: send it with Content-Type: application/json ({named})."
+    )
+    assert model.calls == 0
+    assert snapshot(admin, user_id)["chat_sessions"] == []
+
+
+async def test_other_json_bodies_are_415_too(api: ApiClient) -> None:
+    _, auth = api.new_user()
+    r = await api.put(
+        "/memory", content=b'{"notes": "x"}', headers={**auth, "Content-Type": "text/plain"}
+    )
+    assert_error(r, 415, "unsupported_media_type")
+
+
+async def test_json_media_types_with_parameters_or_a_suffix_are_json(
+    api: ApiClient, model: FakeOpenAI
+) -> None:
+    _, auth = api.new_user()
+    for content_type in ("application/json; charset=utf-8", "application/vnd.memchat+json"):
+        r = await api.post(
+            "/chat", content=b'{"message": "hi"}', headers={**auth, "Content-Type": content_type}
+        )
+        assert r.status_code == 200, r.text
+    assert model.calls == 2
+
+
+async def test_a_missing_body_is_still_422_naming_it(api: ApiClient, model: FakeOpenAI) -> None:
+    _, auth = api.new_user()
+    r = await api.post("/chat", headers=auth)
+    body = assert_error(r, 422, "validation_error")
+    assert body["detail"] == "body: is required."
+
+
+@pytest.mark.parametrize(
+    ("content", "where"),
+    [
+        (b'{"message": "h\xffi"}', "the byte 0xFF at offset 14"),
+        (b'{"message": "caf\xe9"}', "the byte 0xE9 at offset 16"),
+    ],
+)
+async def test_a_body_that_is_not_utf8_is_400_saying_so_and_where(
+    api: ApiClient, model: FakeOpenAI, content: bytes, where: str
+) -> None:
+    _, auth = api.new_user()
+    r = await api.post(
+        "/chat", content=content, headers={**auth, "Content-Type": "application/json"}
+    )
+    body = assert_error(r, 400, "invalid_json")
+    assert body["detail"] == (
+        f"The request body is not UTF-8: {where} (counting from 0) is not valid UTF-8;"
+        " send the JSON encoded as UTF-8."
+    )
+    assert model.calls == 0
 
 
 # ------------------------------------------------------------------ 413
@@ -113,7 +190,6 @@ async def test_a_body_over_the_size_limit_is_413(api: ApiClient, model: FakeOpen
     [
         ({}, "message"),
         ({"session_id": None}, "message"),
-        ({"message": ""}, "message"),
         ({"message": 42}, "message"),
         ({"message": "hi", "agent_name": "bad name"}, "agent_name"),
         ({"message": "hi", "agent_name": "x" * 65}, "agent_name"),
@@ -128,7 +204,6 @@ async def test_a_body_over_the_size_limit_is_413(api: ApiClient, model: FakeOpen
     ids=[
         "missing-message",
         "only-session",
-        "empty-message",
         "message-not-text",
         "agent-space",
         "agent-too-long",
@@ -423,3 +498,29 @@ async def test_a_repeated_query_parameter_is_422_not_the_last_one_wins(
     _, auth = api.new_user()
     body = assert_error(await api.get(url, headers=auth), 422, "validation_error")
     assert "once" in body["detail"]
+
+
+async def test_an_import_that_is_not_utf8_says_where_too(api: ApiClient) -> None:
+    _, auth = api.new_user()
+    body = b'{"sessions": [{"messages": [{"role": "user", "content": "\xc3("}]}]}'
+    r = await api.post("/sessions/import", content=body, headers=auth)
+    detail = assert_error(r, 400, "invalid_json")["detail"]
+    at = body.index(b"\xc3")
+    assert detail.startswith(f"The request body is not UTF-8: the byte 0xC3 at offset {at} ")
+
+
+async def test_the_openapi_document_lists_the_415_of_every_json_body(api: ApiClient) -> None:
+    doc = (await api.get("/openapi.json")).json()
+    with_json_body = sorted(
+        (path, method)
+        for path, item in doc["paths"].items()
+        for method, operation in item.items()
+        if "application/json" in operation.get("requestBody", {}).get("content", {})
+        and path != "/sessions/import"  # read as bytes by the route: any type
+    )
+    assert ("/chat", "post") in with_json_body and ("/memory", "put") in with_json_body
+    for path, method in with_json_body:
+        responses = doc["paths"][path][method]["responses"]
+        # In the shape of the operation's other errors.
+        assert responses["415"]["content"] == responses["400"]["content"], path
+    assert "415" not in doc["paths"]["/sessions/import"]["post"]["responses"]

@@ -84,8 +84,10 @@ FUZZ_SETTINGS = settings(
 
 # Schema-valid requests these operations refuse on purpose, for reasons no
 # schema can express: an X-Session-ID header and a body session_id naming
-# different sessions (400); a cursor that is not one this API issued (400).
-SEMANTIC_CHECKS = {("POST", "/chat"), ("GET", "/sessions")}
+# different sessions (400); a cursor that is not one this API issued (400);
+# a Chat Completions conversation with no user message to answer, or tool
+# results that answer no call (400).
+SEMANTIC_CHECKS = {("POST", "/chat"), ("GET", "/sessions"), ("POST", "/v1/chat/completions")}
 
 
 def _mutations(case: Any) -> tuple[Any, ...]:

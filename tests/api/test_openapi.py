@@ -19,9 +19,12 @@ from tests.conftest import make_settings
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import assert_error, chat
 from tests.utils.fake_openai import FakeOpenAI
+from tests.utils.openai_api import OPENAI_PREFIX, assert_error_at
 
 SAMPLE_ID = "6f1c1d2e-4b7a-4c3e-9a51-2f0e8d9c7b10"
 ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorOut"}
+# The OpenAI-compatible routes answer errors in OpenAI's shape (api/openai_errors.py).
+OPENAI_ERROR_SCHEMA = {"$ref": "#/components/schemas/OpenAIErrorOut"}
 UUID_SCHEMA = {"type": "string", "format": "uuid"}
 
 
@@ -154,7 +157,7 @@ async def test_every_protected_endpoint_answers_our_401(
             continue
         body = {} if method in ("POST", "PUT") else None
         r = await api.request(method, concrete(path), json=body, headers=headers)
-        assert_error(r, 401, "unauthorized")
+        assert_error_at(path, r, 401, "unauthorized")
         assert r.headers["www-authenticate"] == "Bearer"
         documented(spec, method, path, 401)
     assert model.calls == 0
@@ -169,7 +172,8 @@ async def test_every_error_status_uses_the_error_schema(spec: dict[str, Any]) ->
             if path == "/health" or not status.startswith(("4", "5")):
                 continue
             content = response["content"]["application/json"]["schema"]
-            assert content == ERROR_SCHEMA, (method, path, status)
+            expected = OPENAI_ERROR_SCHEMA if path.startswith(OPENAI_PREFIX) else ERROR_SCHEMA
+            assert content == expected, (method, path, status)
     schemas = spec["components"]["schemas"]
     assert "HTTPValidationError" not in schemas  # FastAPI's 422 shape is not ours
     assert set(schemas["ErrorOut"]["required"]) == {"error", "detail", "request_id"}

@@ -3,6 +3,7 @@
 Run on demand (pytest does not collect `bench_*.py`):
 
     python tests/bench/bench_stream.py [--turns 100] [--words 40] [--chunks 2000]
+                                       [--endpoint chat|openai]
 
 The app runs under uvicorn on 127.0.0.1 in a process of its own (as `memchat
 dev` and the Lambda web adapter run it, logged in as memchat_api) and is
@@ -29,6 +30,11 @@ component waits for another's interpreter, as none does when deployed.
    events a second at the client through memchat, and how many deltas came
    per model chunk (1.00: every chunk was flushed on its own as it came, no
    buffering or coalescing).
+
+With `--endpoint openai` the turns of 1. go through POST /v1/chat/completions
+instead (`stream: true`; the session in X-Session-ID; a delta is a chunk
+with `delta.content`): the OpenAI-compatible endpoint's share, measured the
+same way against the same budget.
 
 The database is the embedded PostgreSQL (pgserver, temporary directory)
 unless DATABASE_URL names a disposable one (see `_common.database`).
@@ -58,7 +64,9 @@ from tests.utils.processes import free_port
 
 FIRST_TOKEN_S = 0.2
 TARGET_MS = 10.0
-DELTA = b"event: delta"
+# What starts a piece of the answer on the wire, per endpoint (the OpenAI
+# chunk that opens with the role has `"delta":{"role"...`, not this).
+DELTA = {"chat": b"event: delta", "openai": b'"delta":{"content":'}
 _SPAWN = multiprocessing.get_context("spawn")
 
 
@@ -77,7 +85,7 @@ def _model_process(first_token: float, chunk: float, ready: Any, stop: Any) -> N
 def _app_process(database_url: str, model_url: str, port: int) -> None:
     import uvicorn
 
-    from memchat.api.main import create_app
+    from memchat import bootstrap
     from memchat.config import load_settings
 
     settings = load_settings(
@@ -92,7 +100,7 @@ def _app_process(database_url: str, model_url: str, port: int) -> None:
         turn_timeout_seconds=60,
         max_message_chars=100_000,
     )
-    app = create_app(settings)
+    app = bootstrap.app(settings)
     uvicorn.run(app, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
 
 
@@ -136,8 +144,25 @@ def app_server(database_url: str, model_url: str) -> Iterator[str]:
 # ---------------------------------------------------------------- turns
 
 
+def turn_request(
+    endpoint: str, body: dict[str, Any], *, stream: bool
+) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """(path, JSON body, headers) of a turn of POST /chat's `body` at `endpoint`."""
+    if endpoint == "chat":
+        return "/chat", body, {"Accept": "text/event-stream"} if stream else {}
+    if "recall_k" in body or body.get("use_memory") is False:
+        raise SystemExit("--endpoint openai takes neither --recall-k nor memory off")
+    session = {"X-Session-ID": body["session_id"]} if body.get("session_id") else {}
+    openai_body = {
+        "model": "memchat",
+        "messages": [{"role": "user", "content": body["message"]}],
+        "stream": stream,
+    }
+    return "/v1/chat/completions", openai_body, session
+
+
 async def streamed(
-    client: httpx.AsyncClient, body: dict[str, Any]
+    client: httpx.AsyncClient, body: dict[str, Any], endpoint: str = "chat"
 ) -> tuple[float, float, float, list[float]]:
     """(ms to the start event, ms to the first delta byte, ms to the end, and
     when each delta arrived) of one streamed turn."""
@@ -145,17 +170,17 @@ async def streamed(
     start = 0.0
     seen = b""
     deltas: list[float] = []
-    async with client.stream(
-        "POST", "/chat", json=body, headers={"Accept": "text/event-stream"}
-    ) as response:
+    marker = DELTA[endpoint]
+    path, sent, headers = turn_request(endpoint, body, stream=True)
+    async with client.stream("POST", path, json=sent, headers=headers) as response:
         if response.status_code != 200:
             await response.aread()
             raise RuntimeError(f"{response.status_code} {response.text}")
         async for chunk in response.aiter_raw():
             now = time.perf_counter()
             start = start or now
-            window = seen[-len(DELTA) :] + chunk
-            deltas.extend([now] * window.count(DELTA))
+            window = seen[-len(marker) :] + chunk
+            deltas.extend([now] * window.count(marker))
             seen = chunk
     if not deltas:
         raise RuntimeError("no delta event")
@@ -164,9 +189,10 @@ async def streamed(
     return start_ms, first_ms, end_ms, deltas
 
 
-async def plain(client: httpx.AsyncClient, body: dict[str, Any]) -> float:
+async def plain(client: httpx.AsyncClient, body: dict[str, Any], endpoint: str = "chat") -> float:
     started = time.perf_counter()
-    response = await client.post("/chat", json=body)
+    path, sent, headers = turn_request(endpoint, body, stream=False)
+    response = await client.post(path, json=sent, headers=headers)
     if response.status_code != 200:
         raise RuntimeError(f"{response.status_code} {response.text}")
     return (time.perf_counter() - started) * 1000
@@ -222,8 +248,8 @@ async def first_words(args: argparse.Namespace, base: str, model_url: str, token
             timed = i >= args.warmup
             extra = {} if args.recall_k is None else {"recall_k": args.recall_k}
             body = {"message": f"{i}: {words}", "session_id": sessions[0], **extra}
-            start, first, end, deltas = await streamed(client, body)
-            wall = await plain(client, {**body, "session_id": sessions[1]})
+            start, first, end, deltas = await streamed(client, body, args.endpoint)
+            wall = await plain(client, {**body, "session_id": sessions[1]}, args.endpoint)
             # The same answer from the model alone ("echo: " and the message).
             direct, direct_end, _ = await model_direct(sdk, body["message"])
             if timed:
@@ -275,6 +301,12 @@ def main() -> int:
         "--recall-k", type=int, default=None, help="recall_k of each turn (default: settings)"
     )
     parser.add_argument("--chunks", type=int, default=2000, help="words in the passthrough turns")
+    parser.add_argument(
+        "--endpoint",
+        choices=sorted(DELTA),
+        default="chat",
+        help="the turns of part 1: POST /chat, or POST /v1/chat/completions (openai)",
+    )
     args = parser.parse_args()
 
     load_at_start = common.load_average()
@@ -288,8 +320,10 @@ def main() -> int:
     answer_words = args.words + 2
     model_answer_ms = FIRST_TOKEN_S * 1000 + (answer_words + 1) * args.word_delay_ms
     print(machine)
+    path = turn_request(args.endpoint, {"message": ""}, stream=True)[0]
     print(
-        f"\nTime to first words: {args.turns} turns of each kind (after {args.warmup} untimed),"
+        f"\nTime to first words through POST {path}:"
+        f" {args.turns} turns of each kind (after {args.warmup} untimed),"
         f" interleaved, each kind on its own session with history, whole memory"
         f" (recall_k {'default' if args.recall_k is None else args.recall_k}); the model waits"
         f" {FIRST_TOKEN_S * 1000:.0f} ms before its first token, then sends {answer_words}"

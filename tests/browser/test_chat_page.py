@@ -206,6 +206,32 @@ def feedback_rows(admin: psycopg.Connection, session: str) -> list[tuple[int, in
     ]
 
 
+REFUSED_MALFORMED = (
+    "The access token was refused (unauthorized: The access token is malformed; send it"
+    " exactly as Supabase issued it; locally, get a new one with `memchat token`.)."
+    ' Paste a new one under "Access token" below.'
+)
+
+
+def auth_banner(driver: WebDriver) -> str | None:
+    """The refused-token notice, if shown (and there is only ever one)."""
+    shown = driver.execute_script(
+        "const a = document.querySelectorAll('#auth');"
+        " return a.length === 1 && a[0].classList.contains('shown') ? a[0].textContent : null"
+    )
+    return None if shown is None else str(shown)
+
+
+def dialog_open(driver: WebDriver) -> bool:
+    return bool(driver.execute_script("return document.getElementById('clear-dialog').open"))
+
+
+def wait_dialog(driver: WebDriver) -> str:
+    """The clear dialog's question, once it is open."""
+    wait(driver, "the clear dialog", dialog_open)
+    return str(driver.find_element(By.ID, "clear-question").text)
+
+
 def downloaded(folder: Path) -> Path:
     deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
@@ -281,10 +307,26 @@ def test_the_page_streams_answers_keeps_exports_and_clears_the_conversation(
     memory = httpx.get(f"{dev.url}/memory", params={"agent_name": "default"}, headers=bearer)
     assert memory.json()["notes"] == "- Likes oolong"
 
-    # Clear: the log empties, the messages are gone, a new session starts.
+    # Clear asks first, saying what it deletes; Cancel keeps everything.
     browser.find_element(By.ID, "clear").click()
+    question = wait_dialog(browser)
+    assert question == (
+        f"Delete every message of session {session} (4 messages shown here) for good?"
+        " Your long-term notes and your other sessions stay."
+    )
+    browser.find_element(By.ID, "clear-cancel").click()
+    wait(browser, "the dialog to close", lambda d: not dialog_open(d))
+    assert browser.find_element(By.ID, "status").text == "Not cleared."
+    assert stored_messages(admin, session) == 6
+    assert len(texts(browser, "#log .msg")) == 4
+
+    # Confirmed: the log empties, the messages are gone, a new session starts.
+    browser.find_element(By.ID, "clear").click()
+    wait_dialog(browser)
+    browser.find_element(By.ID, "clear-confirm").click()
     wait(browser, "the log to empty", lambda d: not texts(d, "#log .msg"))
     assert "Cleared 6 messages" in browser.find_element(By.ID, "status").text
+    assert browser.find_element(By.ID, "sid").text.startswith("new session ")
     assert stored_messages(admin, session) == 0
     assert session_id(browser) != session
     old = httpx.get(f"{dev.url}/chat/export/{session}", headers=bearer, timeout=10)
@@ -304,7 +346,7 @@ def test_the_page_shows_failures_as_error_lines(
     )
     open_page(browser, f"{dev.url}/")
     assert "gone" in browser.find_element(By.ID, "status").text
-    assert browser.find_element(By.ID, "sid").text == "new session"
+    assert browser.find_element(By.ID, "sid").text.startswith("new session ")
 
     # The model fails mid-answer: an error event.
     dev_model.script({"content": "one two three four five six", "fail_after": 2})
@@ -318,11 +360,12 @@ def test_the_page_shows_failures_as_error_lines(
     send(browser, "still there?")
     assert texts(browser, ".msg.assistant .text")[-1] == "echo: still there?"
 
-    # An HTTP error before any stream (a bad token): an error line too.
+    # An HTTP error before any stream (a bad token): said once, above the
+    # conversation, pointing at `memchat token`; no error line.
     browser.execute_script("document.getElementById('token').value = 'not-a-token'")
     send(browser, "who am I?")
-    errors = texts(browser, ".msg.error")
-    assert len(errors) == 2 and errors[1].startswith("unauthorized: "), errors
+    assert len(texts(browser, ".msg.error")) == 1
+    assert auth_banner(browser) == REFUSED_MALFORMED
     assert texts(browser, ".msg.assistant .text")[-1] == "echo: still there?"
 
 
@@ -407,13 +450,132 @@ def test_answers_get_thumbs_that_are_stored_restored_and_counted_in_the_stats(
     wait_stats(browser, positive=1, neutral=0, with_comment=1)
     assert feedback_rows(admin, session) == [(first, 1, "fine")]
 
-    # A rating that fails (a bad token) is an error line; the thumbs stay.
+    # A rating that fails for a bad token: the refusal is said once (not for
+    # the rating, the stats and the sessions each); the thumbs stay.
     browser.execute_script("document.getElementById('token').value = 'not-a-token'")
     click_thumb(browser, 1, "down")
-    wait(browser, "the error line", lambda d: texts(d, ".msg.error"))
-    errors = texts(browser, ".msg.error")
-    assert len(errors) == 1 and errors[0].startswith("feedback failed: unauthorized: "), errors
-    wait_ratings(browser, ["up", ""])
     wait(browser, "the stats to fail", lambda d: d.execute_script(STATS)["state"] == "error")
-    assert "cannot load the stats: unauthorized" in browser.find_element(By.ID, "status").text
+    wait_ratings(browser, ["up", ""])
+    assert auth_banner(browser) == REFUSED_MALFORMED
+    assert texts(browser, ".msg.error") == []
+    assert "unauthorized" not in browser.find_element(By.ID, "status").text
     assert feedback_rows(admin, session) == [(first, 1, "fine")]
+
+
+def test_new_starts_a_new_session_and_going_back_to_one_is_explicit(
+    browser: WebDriver, dev: DevServer, dev_model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    token = dev.token()
+    open_page(browser, f"{dev.url}/#token={token}")
+    first_shown = browser.find_element(By.ID, "sid").text
+    assert first_shown.startswith("new session ")
+    send(browser, "in the first session")
+    first = session_id(browser)
+    assert browser.find_element(By.ID, "sid").text == f"session {first}"
+    assert first_shown == f"new session {first}"  # the id shown is the one used
+
+    # New: a new id, even though the first session is the agent's active one.
+    browser.find_element(By.ID, "new").click()
+    shown = browser.find_element(By.ID, "sid").text
+    assert shown.startswith("new session ") and first not in shown
+    assert texts(browser, "#log .msg") == []
+    send(browser, "in the second session")
+    second = session_id(browser)
+    assert second != first and shown == f"new session {second}"
+    assert (stored_messages(admin, first), stored_messages(admin, second)) == (2, 2)
+
+    # A reload shows the session it showed, not the agent's active one.
+    open_page(browser, f"{dev.url}/")
+    assert browser.find_element(By.ID, "sid").text == f"session {second}"
+    assert texts(browser, ".msg.user .text") == ["in the second session"]
+
+    # Going back to the first one: chosen in the Sessions list.
+    options = wait(
+        browser,
+        "the sessions list",
+        lambda d: d.execute_script(
+            "const o = [...document.querySelectorAll('#sessions option')].slice(1);"
+            " return o.length === 2 ? o.map((e) => [e.value, e.textContent]) : null"
+        ),
+    )
+    assert [value for value, _ in options] == [second, first]
+    assert options[0][1].endswith(" (shown)") and " · 2 messages · " in options[1][1]
+    browser.execute_script(
+        "const s = document.getElementById('sessions'); s.value = arguments[0];"
+        " s.dispatchEvent(new Event('change'))",
+        first,
+    )
+    wait(
+        browser,
+        "the first session",
+        lambda d: texts(d, ".msg.user .text") == ["in the first session"],
+    )
+    assert browser.find_element(By.ID, "sid").text == f"session {first}"
+    send(browser, "back in the first")
+    assert (stored_messages(admin, first), stored_messages(admin, second)) == (4, 2)
+
+
+# Every element's box, where it overflows the viewport's width.
+OVERFLOW = """
+const width = document.documentElement.clientWidth;
+return {
+  width, inner: window.innerWidth, scroll: document.documentElement.scrollWidth,
+  over: [...document.querySelectorAll("body *")]
+    .filter((e) => e.getClientRects().length && e.getBoundingClientRect().right > width + 0.5)
+    .map((e) => `${e.tagName.toLowerCase()}#${e.id}.${e.className}`),
+};
+"""
+
+
+def test_the_page_fits_a_360_pixel_wide_viewport(
+    browser: WebDriver, dev: DevServer, dev_model: FakeOpenAI
+) -> None:
+    browser.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": 360, "height": 740, "deviceScaleFactor": 2, "mobile": True},
+    )
+    dev_model.script({"content": "a fairly long answer " * 12})
+    open_page(browser, f"{dev.url}/#token={dev.token()}")
+    send(browser, "a message with a long word: " + "x" * 80)
+    for summary in browser.find_elements(By.CSS_SELECTOR, "details summary"):
+        summary.click()  # the notes, the stats and the token box open
+    wait(browser, "the stats", lambda d: d.execute_script(STATS)["state"] == "ok")
+    measured = browser.execute_script(OVERFLOW)
+    assert measured["inner"] == 360, measured
+    assert measured["scroll"] <= measured["width"], measured
+    assert measured["over"] == [], measured
+    # The clear dialog fits too.
+    browser.find_element(By.ID, "clear").click()
+    wait_dialog(browser)
+    assert browser.execute_script(OVERFLOW)["over"] == []
+
+
+def test_icon_thumbs_and_counts_need_no_emoji_font_and_no_404(
+    browser: WebDriver, dev: DevServer, dev_model: FakeOpenAI
+) -> None:
+    icon = httpx.get(f"{dev.url}/favicon.ico", timeout=10)
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+    assert icon.text.startswith("<svg ")
+    open_page(browser, f"{dev.url}/#token={dev.token()}")
+    browser.find_element(By.CSS_SELECTOR, "#stats-box summary").click()
+    send(browser, "one turn")
+    wait_stats(browser, turns=1)
+    line = browser.find_element(By.ID, "stats-line").text
+    assert line == "(default): 1 turn · 0 good, 0 bad", line
+    meta = texts(browser, ".msg.assistant .meta")[0]
+    assert "0 msgs in context" in meta, meta
+
+    # The thumbs are drawn (inline SVG), and nothing on the page is an emoji.
+    drawn = browser.execute_script(
+        "return [...document.querySelectorAll('.thumb')].map((b) =>"
+        " [b.querySelectorAll('svg path').length, b.textContent, b.getAttribute('aria-label')])"
+    )
+    assert drawn == [[1, "", "Good answer"], [1, "", "Bad answer"]]
+    page = str(browser.execute_script("return document.documentElement.outerHTML"))
+    assert [c for c in page if ord(c) >= 0x2190 and c not in "–“”…"] == []
+
+    # The page asked for its icon, and nothing it loaded was missing.
+    loaded = browser.execute_script("return fetch('/favicon.svg').then((r) => r.status)")
+    assert loaded == 200
+    missing = [e for e in browser.get_log("browser") if "404" in e["message"]]
+    assert missing == [], missing

@@ -2,16 +2,14 @@
 talking to a real `memchat dev` whose model is the fake OpenAI server,
 pacing its chunks so that an answer takes seconds to write.
 
-The command's stdout is read as it comes (a thread keeps every read), so
+The command's stdout is read as it comes (tests/utils/terminal_chat.py), so
 the tests see what a person at the terminal sees, and when.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,92 +19,11 @@ import pytest
 
 from tests.utils.dev_server import MEMCHAT, DevServer
 from tests.utils.fake_openai import FakeOpenAI, tool_call
-
-AGENT = "cli"
-PROMPT = "you> "
-
+from tests.utils.processes import free_port
+from tests.utils.terminal_chat import AGENT, PROMPT, Chat
 
 # The model paces its answers: seconds between the pieces (conftest `dev_model`).
 MODEL_CHUNK_DELAY = 0.3
-
-
-class Chat:
-    """`memchat chat` in a subprocess; every read of its stdout is kept."""
-
-    def __init__(self, dev: DevServer, token: str) -> None:
-        self.proc = subprocess.Popen(
-            [*MEMCHAT, "chat", "--url", dev.url, "--agent", AGENT, "--token", token],
-            # Without PYTHONUNBUFFERED: the command must flush by itself.
-            env={k: v for k, v in dev.env.items() if k != "PYTHONUNBUFFERED"},
-            cwd=dev.home,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        self.reads: list[str] = []  # the whole output after each read
-        self._lock = threading.Lock()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        self.wait_for(lambda out: out.endswith(PROMPT), "the first prompt")
-        self.session_id = uuid.UUID(self.output.split("session ", 1)[1].split()[0])
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        data = b""
-        while chunk := os.read(fd, 65536):
-            data += chunk
-            with self._lock:
-                self.reads.append(data.decode(errors="replace"))
-
-    @property
-    def output(self) -> str:
-        with self._lock:
-            return self.reads[-1] if self.reads else ""
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line.encode() + b"\n")
-        self.proc.stdin.flush()
-
-    def wait_for(self, ready: Callable[[str], bool], what: str, timeout: float = 30) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            output = self.output
-            if ready(output):
-                return output
-            if self.proc.poll() is not None and not self._reader.is_alive():
-                break
-            time.sleep(0.01)
-        raise AssertionError(f"waiting for {what}; the output so far:\n{self.output}")
-
-    def turn(self, line: str, what: str = "the next prompt") -> str:
-        """Send a line; the output it made, once the prompt is back."""
-        before = len(self.output)
-        self.send(line)
-        out = self.wait_for(lambda out: len(out) > before and out.endswith(PROMPT), what)
-        return out[before:]
-
-    def quit(self) -> str:
-        self.send("/quit")
-        try:
-            self.proc.wait(timeout=30)
-        finally:
-            self._reader.join(timeout=10)
-        assert self.proc.returncode == 0, self.stderr()
-        return self.output
-
-    def stderr(self) -> str:
-        assert self.proc.stderr is not None
-        return self.proc.stderr.read().decode(errors="replace")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
 
 
 @pytest.fixture
@@ -185,7 +102,9 @@ def test_a_model_failure_mid_answer_is_an_error_line_and_the_session_goes_on(
         ("human", "still there?"),
         ("ai", "echo: still there?"),
     ]
-    run.quit()
+    # The run goes on, and its exit code says that a request failed.
+    assert run.quit(code=1).endswith(f"bye (session {run.session_id})\n")
+    assert run.stderr() == "1 request of this run failed\n"
 
 
 def test_ctrl_c_stops_the_answer_and_the_turn_is_still_stored(
@@ -211,19 +130,29 @@ def test_ctrl_c_stops_the_answer_and_the_turn_is_still_stored(
     run.quit()
 
 
-def test_clear_starts_a_new_session(chat: Callable[[], Chat], dev_model: FakeOpenAI) -> None:
+def test_clear_asks_first_then_starts_a_new_session(
+    chat: Callable[[], Chat], dev_model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
     run = chat()
     assert "(nothing to clear yet)" in run.turn("/clear")
     run.turn("hello")
-    cleared = run.turn("/clear")
+    kept = run.confirm("/clear", "n")
+    assert kept == (
+        f"delete the 2 messages of session {run.session_id} for good?"
+        " The long-term notes stay (/notes). [y/N] (not cleared)\n" + PROMPT
+    )
+    assert len(stored(admin, run.session_id)) == 2
+    cleared = run.confirm("/clear", "y")
     assert "(cleared 2 messages; new session " in cleared
+    assert stored(admin, run.session_id) == []
     new_session = cleared.split("new session ", 1)[1].split(")")[0]
     assert run.quit().endswith(f"bye (session {new_session})\n")
 
 
-def test_a_failure_before_the_stream_is_the_http_error(dev: DevServer) -> None:
-    result = subprocess.run(
-        [*MEMCHAT, "chat", "--url", dev.url, "--token", "not-a-token"],
+def chat_once(dev: DevServer, url: str, token: str) -> subprocess.CompletedProcess[str]:
+    """`memchat chat` at `url` with `token`, sent one line (then EOF)."""
+    return subprocess.run(
+        [*MEMCHAT, "chat", "--url", url, "--token", token],
         input="hello\n",
         env=dev.env,
         cwd=dev.home,
@@ -231,7 +160,26 @@ def test_a_failure_before_the_stream_is_the_http_error(dev: DevServer) -> None:
         text=True,
         timeout=60,
     )
-    assert result.returncode == 0, result.stderr
-    assert f"{PROMPT}! 401 unauthorized: " in result.stdout, result.stdout
-    session_id = result.stdout.split("session ", 1)[1].split()[0]
-    assert result.stdout.rstrip().endswith(f"bye (session {session_id})")
+
+
+def test_a_refused_token_is_said_once_before_the_first_prompt_and_exits_1(
+    dev: DevServer,
+) -> None:
+    result = chat_once(dev, dev.url, "not-a-token")
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == (
+        "! 401 unauthorized: The access token is malformed; send it exactly as Supabase"
+        " issued it; locally, get a new one with `memchat token`.\n"
+    )
+    assert PROMPT not in result.stdout
+
+
+def test_an_api_that_does_not_answer_is_said_before_the_first_prompt(dev: DevServer) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = chat_once(dev, url, dev.token())
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.startswith(
+        f"! cannot reach the API at {url} (start it with `memchat dev`): "
+    ), result.stdout
+    assert result.stdout.rstrip().endswith("; or pass --url")
+    assert PROMPT not in result.stdout

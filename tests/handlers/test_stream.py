@@ -457,7 +457,8 @@ def test_only_post_chat_is_served_at_the_chat_stream_url(
     assert body["error"] == "not_found"
     assert body["request_id"] == response.headers["x-request-id"]
     assert body["detail"] == (
-        f"There is no endpoint {method} {path} at the chat stream URL (only POST /chat):"
+        f"There is no endpoint {method} {path} at the chat stream URL"
+        " (only POST /chat and POST /v1/chat/completions):"
         f" {elsewhere}."
     )
 
@@ -544,7 +545,7 @@ def test_a_streamed_turn_is_stored_when_the_client_goes_away(
 
 
 def test_the_routes_served_follow_route_groups() -> None:
-    """export -> the two exports; chat -> POST /chat; /health always; nothing else."""
+    """export -> the two exports; chat -> the chat turns; /health always; nothing else."""
     from fastapi import FastAPI
 
     from memchat.api import streamed as stream
@@ -553,8 +554,9 @@ def test_the_routes_served_follow_route_groups() -> None:
     app = FastAPI()
     exports = {("GET", "/export"), ("GET", "/chat/export/{session_id}")}
     assert stream.routes_for({"export"}) == exports
-    assert stream.routes_for({"chat"}) == {("POST", "/chat")}
-    assert stream.routes_for({"chat", "sessions"}) == {("POST", "/chat")}
+    turns = {("POST", "/chat"), ("POST", "/v1/chat/completions")}
+    assert stream.routes_for({"chat"}) == turns
+    assert stream.routes_for({"chat", "sessions"}) == turns
     assert stream.routes_for({"sessions", "summaries"}) == set()
     with pytest.raises(ConfigError, match="ROUTE_GROUPS"):
         stream.StreamedRoutesOnly(app, {"sessions"})

@@ -7,8 +7,8 @@ them (unauthenticated, so 401 proves the app serves that route behind auth),
 the streaming functions' server (export, chat stream) once per route its
 function URL serves, the cleanup one with the schedule's own input. Every
 route of the app is reachable through the HTTP API or a function URL, and
-only POST /chat through both (JSON through the API, streamed through the
-chat stream URL).
+only the chat turns (POST /chat, POST /v1/chat/completions) through both
+(JSON through the API, streamed through the chat stream URL).
 
 Which secrets each function can read is worked out from the template itself
 (the SAM transform's roles and the managed policies they attach, for each
@@ -40,6 +40,7 @@ from typing import Annotated, Any
 import httpx
 import pytest
 from cfnlint.decode import decode  # type: ignore[import-untyped]
+from fastapi.routing import APIRoute
 from pydantic import TypeAdapter
 
 from memchat import bootstrap, secrets
@@ -59,6 +60,12 @@ def load_template() -> dict[str, Any]:
     template, errors = decode(str(TEMPLATE))
     assert not errors and template is not None, errors
     return dict(template)
+
+
+def error_code(path: str, body: dict[str, Any]) -> Any:
+    """An error body's code: the contract's, or OpenAI's shape under /v1/."""
+    error = body["error"]
+    return error["code"] if path.startswith("/v1/") else error
 
 
 TEMPLATE_DATA = load_template()
@@ -107,7 +114,7 @@ URL_FUNCTIONS = [name for name, props in FUNCTIONS.items() if "FunctionUrlConfig
 # The streaming functions: the Lambda Web Adapter runs memchat.handlers.stream.
 STREAM_FUNCTIONS = ["ExportFunction", "ChatStreamFunction"]
 # Served through both the HTTP API (JSON) and the chat stream URL (SSE, or JSON).
-SERVED_TWICE = {("POST", "/chat")}
+SERVED_TWICE = {("POST", "/chat"), ("POST", "/v1/chat/completions")}
 
 
 def url_routes() -> list[tuple[str, str, str]]:
@@ -374,12 +381,26 @@ async def test_template_routes_are_the_apps_routes(settings: Settings) -> None:
         await state.close()
         # Only an app that serves chat builds a model client.
         assert (state.model is not None) == ("chat" in groups), groups
-        return {(method.upper(), path) for path, methods in paths.items() for method in methods}
+        documented = {(m.upper(), path) for path, methods in paths.items() for m in methods}
+        # POST /mcp speaks MCP's JSON-RPC, outside the OpenAPI document.
+        routes = [  # an included router is one entry of newer FastAPI's app.routes
+            inner
+            for route in app.routes
+            for inner in getattr(getattr(route, "original_router", None), "routes", [route])
+        ]
+        protocol = {
+            (method, route.path)
+            for route in routes
+            if isinstance(route, APIRoute) and route.tags == ["mcp"]
+            for method in route.methods
+        }
+        return documented | protocol
 
     declared = [(method, path) for _, method, path in [*HTTP_ROUTES, *URL_ROUTES]]
     # Every route of the app is reachable, through the HTTP API or a function
-    # URL; each through one door but POST /chat, which has two: JSON through
-    # the API (ChatFunction), streamed through the chat stream URL.
+    # URL; each through one door but the chat turns (POST /chat, POST
+    # /v1/chat/completions), which have two: JSON through the API
+    # (ChatFunction), streamed through the chat stream URL.
     assert set(declared) == await served(frozenset(ROUTE_GROUPS))
     twice = {route for route in declared if declared.count(route) > 1}
     assert twice == SERVED_TWICE, twice
@@ -785,7 +806,7 @@ def test_each_http_route_reaches_its_handler(
         assert response["statusCode"] == 200, response
     else:
         assert response["statusCode"] == 401, response
-        assert body_of(response)["error"] == "unauthorized"
+        assert error_code(path, body_of(response)) == "unauthorized"
 
 
 @pytest.mark.parametrize(
@@ -821,7 +842,7 @@ def test_each_function_url_route_reaches_the_stream_server(
         loop.close()
 
     assert response.status_code == 401, response.text
-    assert response.json()["error"] == "unauthorized"
+    assert error_code(path, response.json()) == "unauthorized"
     assert readiness.status_code == 200, readiness.text
 
 

@@ -357,6 +357,19 @@ def test_the_package_ships_exactly_the_pinned_versions(package: Path) -> None:
     assert "botocore" not in shipped and "boto3" not in shipped
 
 
+def test_the_cli_extra_stays_out_of_the_lambda_package() -> None:
+    """`memchat login`'s `supabase` (the `cli` extra) is the terminal's, never
+    the Lambda package's: the lock is exactly memchat[stream]'s."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert [r.split(">")[0] for r in extras["cli"]] == ["supabase"]
+    assert "cli" not in " ".join(extras["stream"])
+    supabase_parts = {"supabase", "supabase-auth", "postgrest", "realtime", "storage3"}
+    assert supabase_parts & set(pins()) == set()
+    assert "[cli" not in BUILD_SCRIPT.read_text() and ",cli" not in BUILD_SCRIPT.read_text()
+
+
 def test_pyproject_keeps_ranges() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     requirements = [*project["dependencies"], *project["optional-dependencies"]["stream"]]

@@ -295,10 +295,12 @@ def create_app(settings: Settings, state: AppState) -> FastAPI:
 
     app.include_router(health.router)
     if settings.serves("chat"):
-        from memchat.api.routes import chat, search
+        from memchat.api.routes import chat, completions, mcp, search
 
         app.include_router(chat.router)
         app.include_router(search.router)
+        app.include_router(completions.router)  # /v1: OpenAI-compatible
+        app.include_router(mcp.router)  # memory as MCP tools (the SDK loads on first use)
     if settings.serves("sessions"):
         from memchat.api.routes import clear
 

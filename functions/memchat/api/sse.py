@@ -143,20 +143,20 @@ class EventStream(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            await self._body(send, frame(self._start.name, self._start.data))
+            await self._body(send, self.encode(self._start))
             while True:
                 item = await self._turn.next(wait=self._keepalive)
                 if item is None:
                     await self._body(send, KEEP_ALIVE)
                 elif isinstance(item, TurnEvent):
-                    await self._body(send, frame(item.name, item.data))
+                    chunk = self.encode(item)
+                    if chunk:
+                        await self._body(send, chunk)
                 elif isinstance(item, BaseException):
-                    await self._body(
-                        send, frame("error", error_body(self._request, item)), last=True
-                    )
+                    await self._body(send, self.encode_error(item), last=True)
                     return
                 else:
-                    await self._body(send, frame("done", self._done(item)), last=True)
+                    await self._body(send, self.encode_done(item), last=True)
                     return
         except OSError:
             # The client is gone (ASGI 2.4 servers raise on send); the turn goes on.
@@ -165,6 +165,18 @@ class EventStream(Response):
             # Also when cancelled (servers on older ASGI cancel on disconnect).
             with anyio.CancelScope(shield=True):
                 await self._turn.finished()
+
+    # How the events are written (POST /v1/chat/completions writes them as
+    # OpenAI's chunks: api/completion_stream.py); b"" sends nothing.
+
+    def encode(self, event: TurnEvent) -> bytes:
+        return frame(event.name, event.data)
+
+    def encode_error(self, failure: BaseException) -> bytes:
+        return frame("error", error_body(self._request, failure))
+
+    def encode_done(self, result: ChatResult) -> bytes:
+        return frame("done", self._done(result))
 
     @staticmethod
     async def _body(send: Send, chunk: bytes, *, last: bool = False) -> None:

@@ -3,11 +3,12 @@
 Through API Gateway and mangum a Lambda response is buffered whole (capped
 at 6 MB, and at 30 s behind an HTTP API), so what must stream is served from
 a function URL in RESPONSE_STREAM mode instead (memchat.handlers.stream):
-the exports (route group `export`) and POST /chat's Server-Sent Events
-(`chat`). `StreamedRoutesOnly` wraps the app so that only those routes (and
-/health, the adapter's readiness check) are served there: every other route
-stays behind API Gateway, with its throttling and access log, and answers
-the contract's JSON 404, naming the base URL that serves it.
+the exports (route group `export`) and the Server-Sent Events of POST /chat
+and POST /v1/chat/completions (`chat`). `StreamedRoutesOnly` wraps the app
+so that only those routes (and /health, the adapter's readiness check) are
+served there: every other route stays behind API Gateway, with its
+throttling and access log, and answers the contract's JSON 404, naming the
+base URL that serves it.
 
 Lambda SnapStart: that server is the Lambda Web Adapter's child, out of
 reach of the Python runtime's snapshot hooks, so the adapter relays them as
@@ -42,7 +43,7 @@ Route = tuple[str, str]  # (method, path) in the app's route syntax
 # What a streaming server serves per route group, in the order the 404 names them.
 STREAMED_ROUTES: dict[str, tuple[Route, ...]] = {
     "export": (("GET", "/export"), ("GET", "/chat/export/{session_id}")),
-    "chat": (("POST", "/chat"),),
+    "chat": (("POST", "/chat"), ("POST", "/v1/chat/completions")),
 }
 # The base URL (stack output) each group's streamed routes are served from.
 URL_NAMES = {"export": "the export URL", "chat": "the chat stream URL"}

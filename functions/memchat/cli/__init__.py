@@ -4,8 +4,8 @@ With no DATABASE_URL, every command uses the embedded PostgreSQL under
 `.memchat/` (started on demand), so nothing needs to be installed or run
 beforehand.
 
-One module per command group (dev; db with migrate; token; chat;
-history_import: import; cleanup; summarize; stats; embeddings), each adding its
+One module per command group (dev; db with migrate; token; login with logout; chat;
+history_import: import; cleanup; summarize; stats; embeddings; mcp), each adding its
 commands to the parser (`register`); `base` holds what several of them use.
 """
 
@@ -20,6 +20,8 @@ from memchat.cli import (
     dev,
     embeddings,
     history_import,
+    login,
+    mcp,
     stats,
     summarize,
     token,
@@ -29,7 +31,19 @@ from memchat.cli.base import Handled
 __all__ = ["build_parser", "main"]
 
 # In the order `memchat --help` lists them (db adds `db` and `migrate`).
-COMMAND_GROUPS = (dev, db, token, chat, history_import, cleanup, summarize, stats, embeddings)
+COMMAND_GROUPS = (
+    dev,
+    db,
+    token,
+    login,
+    chat,
+    history_import,
+    cleanup,
+    summarize,
+    stats,
+    embeddings,
+    mcp,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

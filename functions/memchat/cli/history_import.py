@@ -182,13 +182,9 @@ def request_body(value: Any) -> bytes:
 
 
 def _token(args: argparse.Namespace) -> str:
-    from memchat.cli.token import DEFAULT_EMAIL, mint_local_token
+    from memchat.cli.login import api_token
 
-    return str(
-        args.token
-        or os.environ.get("MEMCHAT_TOKEN")
-        or mint_local_token(None, DEFAULT_EMAIL, 3600 * 12)
-    )
+    return api_token(args.url, args.token).token
 
 
 def _limits(client: Any) -> dict[str, int]:
@@ -390,7 +386,9 @@ def register(commands: Subcommands) -> None:
     )  # fmt: skip
     parser.add_argument("file", help="the file to import")
     parser.add_argument("--url", default=os.environ.get("MEMCHAT_URL", DEFAULT_URL))
-    parser.add_argument("--token", default=None, help="access token (default: a local dev token)")
+    parser.add_argument(
+        "--token", default=None, help="access token (default: `memchat login`'s, or a local one)"
+    )
     parser.add_argument(
         "--agent", default="default", help="the agent of sessions that name none (default: default)"
     )

@@ -5,9 +5,11 @@ try the whole flow (sessions, history, long-term notes, recall) with no key.
 It is served through the real `openai` client via an in-process HTTP
 transport, and every answer says that it is the offline responder.
 
-It serves `POST /chat/completions` (an answer built from the prompt: the
-last message, the history, and what the memory block carries (the notes,
-the first recalled exchange, the summary: memchat.usecases.prompt); with
+It serves `POST /chat/completions` (an answer built from the prompt: a
+question answered from what the prompt carries (`answer_from_context`:
+"my name is Ana", then "what is my name?"), the last message, the history,
+and what the memory block carries (the notes, the first recalled exchange,
+the summary: memchat.usecases.prompt); with
 `"stream": true`, streamed as OpenAI does, word by word) and
 `POST /embeddings` (the local feature-hashing embedder of
 `memchat.model.embeddings`: it matches shared words, not meaning).
@@ -23,6 +25,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx2 as httpx  # the HTTP library of the openai SDK (>= 3)
@@ -67,7 +70,11 @@ def _reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
     history = [m for m in earlier_messages if m.get("role") in ("user", "assistant")]
     recalled = _one_line(memory.recalled[0].question) if memory.recalled else ""
     earlier = [m["content"] for m in history if m.get("role") == "user"]
-    parts = [LABEL, f'You said: "{user_text}".']
+    parts = [LABEL]
+    answer = answer_from_context(user_text, _statements(memory, earlier))
+    if answer:
+        parts.append(answer)
+    parts.append(f'You said: "{user_text}".')
     if recalled:
         parts.append(f'From an earlier conversation I recall you said: "{recalled}".')
     if memory.summary:
@@ -81,6 +88,135 @@ def _reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
         parts.append("My notes about you: " + memory.notes.replace("\n", " "))
     parts.append('(Say "remember <fact>" to add to my long-term notes.)')
     return {"role": "assistant", "content": " ".join(parts)}
+
+
+# ------------------------------------------------- answering from the context
+#
+# A question is answered from what the prompt carries, the way a model would
+# use it, in a simple deterministic way: a fact "my <key> is <value>" (or
+# "call me <name>") whose key the question asks about ("what is my <key>?",
+# "who am I?"), else the statement sharing the most words with the question.
+# Statements are taken newest and most trusted first: this conversation's
+# messages (newest first), the long-term notes (last line first), the
+# recalled earlier conversations (in the block's order), the summary.
+
+THIS_CONVERSATION = "you told me earlier in this conversation"
+NOTES = "from my long-term notes"
+EARLIER_CONVERSATION = "you told me in an earlier conversation"
+SUMMARY = "from my summary of our earlier messages"
+
+
+@dataclass(frozen=True)
+class Statement:
+    text: str
+    source: str  # one of the four above: where the statement was found
+
+
+_FACT = re.compile(
+    r"\bmy\s+([a-z0-9][a-z0-9' -]{0,40}?)\s+(?:is|are|was)\s+(.+?)\s*(?:[.!?;,]|$)", re.I
+)
+_CALL_ME = re.compile(r"\b(?:call me|i am called|i'm called)\s+(.+?)\s*(?:[.!?;,]|$)", re.I)
+_ASKS_MY = re.compile(r"\bmy\s+([a-z0-9][a-z0-9' -]*)", re.I)
+_WHO_AM_I = re.compile(r"\bwho am i\b", re.I)
+_QUESTION_START = re.compile(
+    r"^(?:what|what's|whats|who|where|when|which|how|why|do|does|did|can|could|is|are"
+    r"|tell me)\b",
+    re.I,
+)
+_WORD = re.compile(r"[a-z0-9']+")
+_AND = re.compile(r"\s+(?:and|but)\s+", re.I)
+# Words that say nothing about what a question is about.
+_STOP_WORDS = frozenset(
+    (  # noqa: SIM905 (a list literal of 60 words would take 60 lines)
+        "the and are was were what what's whats who where when which how why does did can could"
+        " you your yours tell about this that these those there their them they have has had"
+        " for with from into onto not but all any some just know remember again please"
+        " i'm i've me my mine our ours its it's is am be"
+    ).split()
+)
+_FILLER = frozenset({"again", "now", "then", "please", "is", "was", "are", "today"})
+_SWAP = {"my": "your", "i": "you", "me": "you", "i'm": "you're", "mine": "yours", "am": "are"}
+
+
+def answer_from_context(message: str, statements: list[Statement]) -> str:
+    """The answer to `message` from `statements`, or "" when it is not a
+    question or nothing there answers it."""
+    text = " ".join(message.split())
+    if not (text.endswith("?") or _QUESTION_START.match(text)):
+        return ""
+    key = "name" if _WHO_AM_I.search(text) else _asked_key(text)
+    if key:
+        for statement in statements:
+            for fact_key, value in _facts(statement.text):
+                if _same_key(key, fact_key):
+                    return f"Your {fact_key} is {_as_yours(value)} ({statement.source})."
+    best = _most_shared_words(text, statements)
+    if best is None:
+        return ""
+    return f'What I have on that: "{_one_line(best.text)}" ({best.source}).'
+
+
+def _statements(memory: Remembered, earlier: list[Any]) -> list[Statement]:
+    """What the context says, newest and most trusted first (see above)."""
+    found = [Statement(str(text), THIS_CONVERSATION) for text in reversed(earlier)]
+    note_lines = [line.strip().lstrip("-*").strip() for line in memory.notes.splitlines()]
+    found += [Statement(line, NOTES) for line in reversed(note_lines) if line]
+    for exchange in memory.recalled:
+        found.append(Statement(exchange.question, EARLIER_CONVERSATION))
+        if exchange.before is not None:
+            found.append(Statement(exchange.before[0], EARLIER_CONVERSATION))
+    summary = memory.summary.removeprefix("[offline summary] ")
+    pieces = re.findall(r'"([^"]+)"', summary) or re.split(r"(?<=[.!?])\s+", summary)
+    found += [Statement(piece.strip(), SUMMARY) for piece in pieces if piece.strip()]
+    return [s for s in found if not s.text.startswith(LABEL)]
+
+
+def _asked_key(question: str) -> str:
+    """What "my ..." the question asks about ("what is my name again?": name)."""
+    match = _ASKS_MY.search(question.rstrip("?!. "))
+    if match is None:
+        return ""
+    words = match.group(1).lower().split()[:4]
+    while words and words[-1] in _FILLER:
+        words.pop()
+    return " ".join(words)
+
+
+def _facts(text: str) -> list[tuple[str, str]]:
+    """The (key, value) facts a statement gives: "my <key> is <value>", "call me <name>"."""
+    facts = [(m.group(1).lower().strip(), m.group(2)) for m in _FACT.finditer(text)]
+    facts += [("name", m.group(1)) for m in _CALL_ME.finditer(text)]
+    # "my name is Ana and I live in Porto": the name is Ana.
+    values = [(key, _AND.split(value, 1)[0].strip()) for key, value in facts]
+    return [(key, value) for key, value in values if value]
+
+
+def _same_key(asked: str, told: str) -> bool:
+    """ "colour" asks about "favourite colour", and the other way round."""
+    return asked == told or told.endswith(" " + asked) or asked.endswith(" " + told)
+
+
+def _as_yours(value: str) -> str:
+    """The value as said back to the user ("my sister": "your sister")."""
+    return " ".join(_SWAP.get(word.lower(), word) for word in value.split())
+
+
+def _content_words(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.lower()) if len(w) > 2 and w not in _STOP_WORDS}
+
+
+def _most_shared_words(question: str, statements: list[Statement]) -> Statement | None:
+    """The statement (not itself a question) sharing the most content words
+    with the question; the first such one on a tie; None when none shares any."""
+    asked = _content_words(question)
+    best, best_count = None, 0
+    for statement in statements:
+        if statement.text.rstrip().endswith("?"):
+            continue
+        count = len(asked & _content_words(statement.text))
+        if count > best_count:
+            best, best_count = statement, count
+    return best
 
 
 # What the worker sends (usecases/summarize.py): the summary so far, then the

@@ -98,7 +98,7 @@ if TYPE_CHECKING:
         Turn,
         Unembedded,
     )
-    from memchat.store.sessions import active_session, clear_session, list_sessions
+    from memchat.store.sessions import active_session, agent_names, clear_session, list_sessions
     from memchat.store.stats import chat_stats, session_stats
     from memchat.store.summaries import (
         claim_due_summaries,
@@ -147,6 +147,7 @@ _WHERE = {
     "Unembedded": "memchat.store.records",
     "active_session": "memchat.store.sessions",
     "adopt_unknown_embeddings": "memchat.store.embeddings",
+    "agent_names": "memchat.store.sessions",
     "chat_stats": "memchat.store.stats",
     "claim_due_summaries": "memchat.store.summaries",
     "claim_embeddings": "memchat.store.backfill",
@@ -252,6 +253,7 @@ __all__ = [
     "Unembedded",
     "active_session",
     "adopt_unknown_embeddings",
+    "agent_names",
     "chat_stats",
     "claim_due_summaries",
     "claim_embeddings",

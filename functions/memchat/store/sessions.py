@@ -1,4 +1,4 @@
-"""Sessions: the caller's list, the active one, and clearing one."""
+"""Sessions: the caller's list, the active one, clearing one; the agents they use."""
 
 from __future__ import annotations
 
@@ -147,3 +147,20 @@ async def active_session(db: Database, caller: Caller, agent_name: str) -> Sessi
         await cur.execute(_ACTIVE_SESSION, (agent_name,))
     row = await cur.fetchone()
     return SessionInfo.from_json(row[0]) if row else None
+
+
+_AGENT_NAMES = (
+    "select s.agent_name from public.chat_sessions s where s.user_id = (select auth.uid())"
+    " union"
+    " select m.agent_name from public.agent_long_term_memory m"
+    " where m.user_id = (select auth.uid())"
+    " order by 1"
+)
+
+
+async def agent_names(db: Database, caller: Caller) -> list[str]:
+    """The agents the caller has talked to or has notes for, by name."""
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(_AGENT_NAMES)
+    return [str(row[0]) for row in await cur.fetchall()]

@@ -31,7 +31,7 @@ from memchat.errors import (
     UpstreamTimeout,
 )
 from memchat.throttle import Bucket, Rate
-from memchat.usecases import conversation, prompt
+from memchat.usecases import conversation, memory_search, prompt
 from memchat.usecases.recall import NOT_RECALLED, PendingRecall, Recall, Recalled
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from memchat.config import Settings
     from memchat.model import tools
-    from memchat.model.client import ModelClient
+    from memchat.model.client import ModelClient, ToolCall
     from memchat.store.db import Database
     from memchat.usecases.conversation import Outcome
     from memchat.usecases.streaming import TurnListener
@@ -69,6 +69,15 @@ class ChatRequest:
     max_history_messages: int | None = None
     client_message_id: str | None = None
     recall_k: int | None = None  # None: MEMORY_RECALL_K
+    # From POST /v1/chat/completions (usecases/completions.py): the client's
+    # own instructions (its system messages), after memchat's system prompt;
+    # its tools, offered beside the notes tool; whether the model gets
+    # search_memory; and a continuation: the assistant's call of a client
+    # tool and the client's results, after `message` (already stored).
+    instructions: str = ""
+    tools: tuple[dict[str, Any], ...] = ()
+    search_memory: bool = False
+    continuation: tuple[dict[str, Any], ...] = ()
 
 
 def one_session_id(named: Iterable[tuple[str, uuid.UUID | None]]) -> uuid.UUID | None:
@@ -95,6 +104,9 @@ class ChatResult:
     # The stored answer's and user message's ids (None when nothing is stored).
     message_id: int | None = None
     user_message_id: int | None = None
+    # Calls of the client's tools the turn ended with (POST /v1/chat/completions).
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    searches: list[dict[str, Any]] = field(default_factory=list)  # search_memory calls
 
 
 @dataclass(frozen=True)
@@ -156,7 +168,7 @@ class ChatService:
                 f"message is {len(request.message)} characters; the limit is {limit}."
             )
         if not request.message.strip():
-            raise BadRequest("message must contain some text.")
+            raise BadRequest("message is empty or only whitespace; send some text.")
         return request
 
     async def run(
@@ -282,22 +294,31 @@ class ChatService:
             deadline,
             conversation.converse(
                 self.model,
-                memory.prompt(self.system_prompt, request.message),
+                self._prompt(memory, request),
                 notes=memory.notes.notes,
                 notes_limit=notes_limit,
                 max_rounds=self.settings.max_tool_rounds,
                 listener=listener,
+                client_tools=request.tools,
+                search=memory_search.searcher(self.recall, caller, memory.agent_name)
+                if request.search_memory
+                else None,
             ),
         )
         model_ms = (time.perf_counter() - model_started) * 1000
         messages.annotate_answer(
-            outcome.messages[-1],
+            outcome.answer_message,
             latency_ms=model_ms,
             recalled=len(memory.fitted.hits),
             summary_used=memory.summary_covers_until is not None,
         )
+        if outcome.searches:
+            outcome.answer_message["data"]["response_metadata"]["memchat"]["search_memory"] = (
+                outcome.searches
+            )
         turn = self._turn_to_store(request, context, memory, outcome, limits)
-        turn.embedding = await pending.embedding_to_store(caller, memory.recalled)
+        if not request.continuation:  # a continuation's user message is stored already
+            turn.embedding = await pending.embedding_to_store(caller, memory.recalled)
         record_started = time.perf_counter()
         try:
             session = await self._record(caller, turn, outcome.edits, notes_limit)
@@ -320,9 +341,14 @@ class ChatService:
             memory=memory.metadata(notes_updated=bool(outcome.edits)),
             session=session,
             timings=timings,
-            user_message_id=session.message_ids[0],
+            user_message_id=None if request.continuation else session.message_ids[0],
             message_id=session.message_ids[-1],
+            tool_calls=outcome.client_calls,
+            searches=outcome.searches,
         )
+
+    def _prompt(self, memory: TurnMemory, request: ChatRequest) -> list[dict[str, Any]]:
+        return _with_client_parts(memory.prompt(self.system_prompt, request.message), request)
 
     async def _remember(
         self,
@@ -349,7 +375,12 @@ class ChatService:
             ),
         )
         summary = context.summary
-        fitted = self._fit(notes.notes, recalled.hits, context.messages, summary)
+        window = context.messages
+        if request.continuation:
+            # The turn being continued (its user message on) comes from the request.
+            starts = [i for i, m in enumerate(window) if m.get("type") == "human"]
+            window = window[: starts[-1]] if starts else window
+        fitted = self._fit(notes.notes, recalled.hits, window, summary)
         return TurnMemory(
             session_id=session.id if session else request.session_id or uuid.uuid4(),
             agent_name=agent_name,
@@ -373,7 +404,7 @@ class ChatService:
         return store.Turn(
             session_id=memory.session_id,
             agent_name=memory.agent_name,
-            messages=[messages.human(request.message), *outcome.messages],
+            messages=[*self._new_messages(request), *outcome.messages],
             title=_title(request.message),
             ttl=self._ttl(limits),
             client_message_id=request.client_message_id,
@@ -382,6 +413,28 @@ class ChatService:
             new_session=context.session is None and request.session_id is None,
             summary_due_after=self._window(request) + self.settings.summary_trigger_messages,
         )
+
+    @staticmethod
+    def _new_messages(request: ChatRequest) -> list[dict[str, Any]]:
+        """What the turn stores before the model's messages: the user message,
+        or a continuation's tool results (its user message is stored already)."""
+        if not request.continuation:
+            return [messages.human(request.message)]
+        # Only the results after the last assistant message are new: earlier
+        # rounds of the continuation were stored by the requests that made them.
+        last = max(i for i, m in enumerate(request.continuation) if m["role"] == "assistant")
+        names = {
+            call["id"]: call["function"]["name"]
+            for call in request.continuation[last].get("tool_calls") or ()
+        }
+        return [
+            messages.tool(
+                str(m["content"]),
+                tool_call_id=str(m["tool_call_id"]),
+                name=names.get(m["tool_call_id"], ""),
+            )
+            for m in request.continuation[last + 1 :]
+        ]
 
     def _ttl(self, limits: store.Limits) -> timedelta:
         """SESSION_TTL_HOURS, within the database's maximum (which would clamp it anyway)."""
@@ -453,16 +506,22 @@ class ChatService:
             read_notes=False,
             throttle=self._throttle,
         )
-        prompt_ = [
-            {"role": "system", "content": self.system_prompt},
-            {"role": "user", "content": request.message},
-        ]
+        prompt_ = _with_client_parts(
+            [
+                {"role": "system", "content": self.system_prompt},
+                {"role": "user", "content": request.message},
+            ],
+            request,
+        )
         session_id = request.session_id or uuid.uuid4()
         if listener is not None:
             await listener.started(session_id, request.agent_name, _memory(enabled=False))
         started = time.perf_counter()
         completion = await self._with_deadline(
-            deadline, conversation.complete(self.model, prompt_, listener=listener)
+            deadline,
+            conversation.complete(
+                self.model, prompt_, list(request.tools) or None, listener=listener
+            ),
         )
         return ChatResult(
             answer=completion.content,
@@ -473,6 +532,7 @@ class ChatService:
             memory=_memory(enabled=False),
             session=None,
             timings={"model_ms": (time.perf_counter() - started) * 1000},
+            tool_calls=completion.tool_calls,
         )
 
     def _fit(
@@ -521,6 +581,15 @@ class ChatService:
                 turn.notes = text[:notes_limit]
                 turn.notes_version = latest.version
         raise AssertionError("unreachable")
+
+
+def _with_client_parts(prompt_: list[dict[str, Any]], request: ChatRequest) -> list[dict[str, Any]]:
+    """memchat's prompt (its system prompt first, the user message last) with
+    the client's instructions after the system prompt and a continuation
+    after the user message."""
+    if request.instructions:
+        prompt_.insert(1, {"role": "system", "content": request.instructions})
+    return [*prompt_, *request.continuation]
 
 
 def _log_stored(

@@ -4,15 +4,24 @@ The model may call `manage_long_term_memory` (model/tools.py) a bounded
 number of rounds (MAX_TOOL_ROUNDS); each call edits the notes in memory, and
 the turn stores the edited notes with its messages. A call of another tool
 is answered with an error; after the last round the model must answer.
+
+Two more kinds of tool may be offered beside it. The `search_memory` tool
+(model/search_tool.py), when the turn opts in: each call searches the
+user's earlier exchanges and is kept in `Outcome.searches`. And the
+client's own tools (POST /v1/chat/completions): memchat cannot run them, so
+a round that calls one ends the conversation there, the calls handed back
+to the client (`Outcome.client_calls`) after memchat's own calls of that
+round have run.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memchat import messages
-from memchat.model import tools
+from memchat.model import search_tool, tools
 
 if TYPE_CHECKING:
     from memchat.model.client import Completion, ModelClient, ToolCall
@@ -35,6 +44,20 @@ class Outcome:
     messages: list[dict[str, Any]] = field(default_factory=list)  # to store, in order
     edits: list[tools.NoteEdit] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=dict)  # summed over the rounds
+    # Calls of the client's tools that ended the conversation (the client runs them).
+    client_calls: list[ToolCall] = field(default_factory=list)
+    # Each search_memory call: its query, k and the exchanges it found (by id).
+    searches: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def answer_message(self) -> dict[str, Any]:
+        """The stored message that ends the turn: the last assistant message
+        (an answer, or the call of a client's tool)."""
+        return next(m for m in reversed(self.messages) if m["type"] == "ai")
+
+
+# Runs one search_memory call: (the tool's result text, the call's log entry).
+SearchMemory = Callable[[dict[str, Any]], Awaitable[tuple[str, dict[str, Any]]]]
 
 
 async def complete(
@@ -61,15 +84,20 @@ async def converse(
     notes_limit: int,
     max_rounds: int,
     listener: TurnListener | None = None,
+    client_tools: tuple[dict[str, Any], ...] = (),
+    search: SearchMemory | None = None,
 ) -> Outcome:
     """Ask the model, running its memory tool calls, until it answers (at most
-    `max_rounds` tool rounds). `prompt` grows with the rounds."""
+    `max_rounds` tool rounds) or calls one of `client_tools`. `prompt` grows
+    with the rounds."""
     outcome = Outcome(notes=notes, model=model.model, notes_limit=notes_limit)
+    schemas = [tools.TOOL_SCHEMA, *([search_tool.TOOL_SCHEMA] if search else []), *client_tools]
+    client_names = {tool["function"]["name"] for tool in client_tools}
     for round_number in range(max_rounds + 1):
         completion = await complete(
             model,
             prompt,
-            [tools.TOOL_SCHEMA],
+            schemas,
             allow_tools=round_number < max_rounds,
             listener=listener,
         )
@@ -81,7 +109,18 @@ async def converse(
             # ends with an answer.
             _answered(outcome, completion, round_number)
             return outcome
-        await _run_round(outcome, completion, prompt, listener)
+        asked = len(outcome.messages)  # where this round's assistant message goes
+        await _run_round(outcome, completion, prompt, listener, client_names, search)
+        if outcome.client_calls:
+            outcome.answer = completion.content
+            outcome.messages[asked] = messages.ai(
+                completion.content,
+                tool_calls=[_stored_call(c) for c in completion.tool_calls],
+                model=completion.model,
+                usage=outcome.usage,
+            )
+            outcome.rounds = round_number + 1
+            return outcome
     raise AssertionError("unreachable")
 
 
@@ -98,9 +137,12 @@ async def _run_round(
     completion: Completion,
     prompt: list[dict[str, Any]],
     listener: TurnListener | None,
+    client_names: set[str],
+    search: SearchMemory | None,
 ) -> None:
-    """Run one round's tool calls: their messages go to the prompt and the store."""
-    calls = [{"id": c.id, "name": c.name, "args": _safe_args(c)} for c in completion.tool_calls]
+    """Run one round's tool calls: their messages go to the prompt and the
+    store. Calls of the client's tools are not run: they are kept for the client."""
+    calls = [_stored_call(c) for c in completion.tool_calls]
     outcome.messages.append(
         messages.ai(completion.content, tool_calls=calls, model=completion.model)
     )
@@ -119,12 +161,32 @@ async def _run_round(
         }
     )
     for call in completion.tool_calls:
+        if call.name in client_names:
+            outcome.client_calls.append(call)
+            continue
         edits = len(outcome.edits)
-        result = _run_tool(call, outcome)
+        if call.name == search_tool.TOOL_NAME and search is not None:
+            result = await _search(call, outcome, search)
+        else:
+            result = _run_tool(call, outcome)
         if listener is not None and len(outcome.edits) > edits:
             await listener.notes(outcome.edits[-1].operation)
         outcome.messages.append(messages.tool(result, tool_call_id=call.id, name=call.name))
         prompt.append({"role": "tool", "tool_call_id": call.id, "content": result})
+
+
+async def _search(call: ToolCall, outcome: Outcome, search: SearchMemory) -> str:
+    try:
+        arguments = call.parsed()
+    except ValueError:
+        return "error: arguments must be a JSON object"
+    result, entry = await search(arguments)
+    outcome.searches.append(entry)
+    return result
+
+
+def _stored_call(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "name": call.name, "args": _safe_args(call)}
 
 
 def _run_tool(call: ToolCall, outcome: Outcome) -> str:

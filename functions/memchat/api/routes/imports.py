@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from memchat import store
+from memchat.api import errors
 from memchat.api.deps import AgentQuery, CurrentUser, State
 from memchat.api.schemas import error_responses
 from memchat.api.schemas.imports import (
@@ -56,8 +57,11 @@ async def import_sessions(
     """Import conversations with their original times (sessions that name no
     agent: agent_name); sessions the caller has already are skipped, so the
     same request sent again stores nothing twice."""
+    body = await request.body()
     try:
-        parsed = history_import.parse_json(await request.body())
+        parsed = history_import.parse_json(body)
+    except UnicodeDecodeError:
+        raise InvalidJson(errors.not_utf8_detail(body)) from None
     except ValueError:
         raise InvalidJson() from None
     document = history_import.read_document(parsed)

@@ -12,7 +12,11 @@ from memchat.api.schemas import AgentName, StoredText, UuidText, json_integer
 class ChatBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    message: StoredText = Field(min_length=1, description="The user's message.")
+    # No min_length: an empty message is refused as a blank one is (400, the
+    # chat use case's rule), not as a 422.
+    message: StoredText = Field(
+        description="The user's message: some text (empty or only whitespace: 400)."
+    )
     session_id: UuidText | None = Field(default=None, description="UUID; also X-Session-ID.")
     agent_name: str = AgentName
     use_memory: bool = Field(default=True, strict=True)

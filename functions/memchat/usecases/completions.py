@@ -1,0 +1,474 @@
+"""OpenAI Chat Completions, served by memchat's own chat turn (usecases/chat.py).
+
+A client that speaks the Chat Completions API sends its whole conversation
+on every call; memchat keeps the conversation itself. The rule that keeps
+the two apart (docs/api.md, "POST /v1/chat/completions"):
+
+- the LAST `user` message is the turn's new message; it is stored, answered
+  with memchat's memory (notes, recall, summary, the session's window)
+  exactly as POST /chat answers it;
+- the messages before it are the client's copy of the conversation: they
+  are neither stored again nor sent to the model (memchat sends its own
+  stored window instead), so resending the whole history never duplicates
+  it in memory;
+- `system` and `developer` messages are the client's instructions: sent to
+  the model after memchat's system prompt, never stored;
+- after the last user message, an `assistant` message calling the client's
+  tools and the client's `tool` results continue the turn that call ended
+  (only the results after the last assistant message are new and stored).
+
+Fields that would change the answer if they were silently dropped (`n > 1`,
+`stop`, a JSON `response_format`, ...) are refused (400 naming the field);
+sampling hints memchat cannot pass on are ignored. `model` names the agent:
+`memchat` (the `default` agent) or `memchat:<agent_name>`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from memchat import store
+from memchat.config import AGENT_NAME_PATTERN
+from memchat.errors import BadRequest, InvalidInput, NotFound
+from memchat.model import search_tool, tools
+from memchat.usecases.chat import ChatRequest, one_session_id
+
+if TYPE_CHECKING:
+    from memchat.store.db import Database
+    from memchat.usecases.chat import ChatResult
+
+MODEL_PREFIX = "memchat"
+DEFAULT_AGENT = "default"
+_AGENT = re.compile(AGENT_NAME_PATTERN)
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MEMCHAT_TOOLS = frozenset({tools.TOOL_NAME, search_tool.TOOL_NAME})
+
+# Honoured (beside `messages`): read below.
+HONOURED = frozenset(
+    {"model", "messages", "stream", "stream_options", "tools", "tool_choice", "metadata", "memchat"}
+)
+# Ignored: sampling and routing hints memchat cannot pass on; the answer is
+# still a whole answer to the same question.
+IGNORED = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+        "user",
+        "store",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
+    }
+)
+# Refused unless absent or at their default: each would change the answer.
+# field -> (the values that are the default, why it is refused)
+REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "n": ((None, 1), "memchat answers with one choice; send n: 1 or leave it out"),
+    "stop": ((None, [], ""), "stop sequences are not supported"),
+    "logprobs": ((None, False), "log probabilities are not supported"),
+    "top_logprobs": ((None, 0), "log probabilities are not supported"),
+    "logit_bias": ((None, {}), "logit_bias is not supported"),
+    "max_tokens": ((None,), "the answer's length is the server's OPENAI_MAX_TOKENS"),
+    "max_completion_tokens": ((None,), "the answer's length is the server's OPENAI_MAX_TOKENS"),
+    "response_format": ((None, {"type": "text"}), "only text answers are supported"),
+    "modalities": ((None, ["text"]), "only text answers are supported"),
+    "audio": ((None,), "audio answers are not supported"),
+    "prediction": ((None,), "predicted outputs are not supported"),
+    "reasoning_effort": ((None,), "the server's model settings apply"),
+    "verbosity": ((None,), "the server's model settings apply"),
+    "web_search_options": ((None,), "web search is not supported"),
+    "parallel_tool_calls": ((None, True), "the model may always call several tools at once"),
+    "functions": ((None, []), "send tools instead of the deprecated functions"),
+    "function_call": ((None,), "send tool_choice instead of the deprecated function_call"),
+}
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A Chat Completions request as memchat runs it."""
+
+    turn: ChatRequest
+    model: str  # as the client named it (echoed in the answer)
+    stream: bool
+    include_usage: bool
+
+
+def agent_of(model: Any) -> str:
+    """The agent a model id names: `memchat` -> default, `memchat:<agent>`."""
+    if not isinstance(model, str) or not model:
+        raise InvalidInput("model: required; use memchat or memchat:<agent_name> (GET /v1/models).")
+    if model == MODEL_PREFIX:
+        return DEFAULT_AGENT
+    prefix, _, agent = model.partition(":")
+    if prefix != MODEL_PREFIX or not _AGENT.fullmatch(agent):
+        raise ModelNotFound(model)
+    return agent
+
+
+def model_id(agent_name: str) -> str:
+    return MODEL_PREFIX if agent_name == DEFAULT_AGENT else f"{MODEL_PREFIX}:{agent_name}"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"model: {model[:80]!r} is not a memchat model; use memchat or"
+            " memchat:<agent_name> (GET /v1/models lists yours)."
+        )
+
+
+async def list_models(db: Database, caller: store.Caller) -> list[str]:
+    """The model ids the caller may use: the default agent's and every agent
+    they have a session or notes with."""
+    names = {DEFAULT_AGENT, *await store.agent_names(db, caller)}
+    return sorted(model_id(name) for name in names)
+
+
+def parse(
+    body: Any, *, header_session_id: uuid.UUID | None, search_by_default: bool
+) -> CompletionRequest:
+    """The turn a Chat Completions body asks for (400 naming what is refused)."""
+    if not isinstance(body, dict):
+        raise InvalidInput("body: must be a JSON object.")
+    _refuse_fields(body)
+    agent_name = agent_of(body.get("model"))
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidInput("messages: required, a non-empty list of messages.")
+    checked = [_message(i, m) for i, m in enumerate(messages)]
+    last_user = max((i for i, m in enumerate(checked) if m["role"] == "user"), default=None)
+    if last_user is None:
+        raise BadRequest("messages: there is no user message to answer.")
+    continuation = tuple(checked[last_user + 1 :])
+    _check_continuation(last_user, continuation)
+    options = _options(body)
+    if continuation and options.get("client_message_id") is not None:
+        raise BadRequest(
+            "memchat.client_message_id: a continuation (tool results) takes none;"
+            " its turn's user message already has one."
+        )
+    stream = body.get("stream")
+    if stream not in (None, True, False):
+        raise InvalidInput("stream: must be true or false.")
+    turn = ChatRequest(
+        message=str(checked[last_user]["content"]),
+        session_id=one_session_id(
+            [("X-Session-ID", header_session_id), ("metadata.session_id", _metadata(body))]
+        ),
+        agent_name=agent_name,
+        instructions="\n\n".join(
+            str(m["content"])
+            for m in checked
+            if m["role"] in ("system", "developer") and m["content"]
+        ),
+        tools=_tools(body),
+        search_memory=_flag(options, "search_memory", search_by_default),
+        client_message_id=_client_message_id(options),
+        continuation=continuation,
+    )
+    return CompletionRequest(
+        turn=turn,
+        model=str(body["model"]),
+        stream=stream is True,
+        include_usage=_include_usage(body) if stream else False,
+    )
+
+
+def _refuse_fields(body: dict[str, Any]) -> None:
+    for name, value in body.items():
+        if name in HONOURED or name in IGNORED:
+            continue
+        refused = REFUSED.get(name)
+        if refused is None:
+            raise InvalidInput(f"{name}: not a Chat Completions field memchat knows; leave it out.")
+        defaults, why = refused
+        if not any(value == default and type(value) is type(default) for default in defaults):
+            raise BadRequest(f"{name}: not supported ({why}).")
+
+
+def _message(index: int, value: Any) -> dict[str, Any]:
+    """One message, its content as text (400 naming what is wrong)."""
+    where = f"messages[{index}]"
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{where}: must be an object.")
+    role = value.get("role")
+    if role not in _ROLES:
+        raise InvalidInput(f"{where}.role: must be one of {', '.join(_ROLES)}.")
+    message: dict[str, Any] = {"role": role, "content": _content(where, value.get("content"))}
+    if role == "assistant" and value.get("tool_calls"):
+        message["tool_calls"] = _calls(where, value["tool_calls"])
+        message["content"] = message["content"] or None
+    if role == "tool":
+        call_id = value.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise InvalidInput(f"{where}.tool_call_id: required for a tool message.")
+        message["tool_call_id"] = storable(f"{where}.tool_call_id", call_id)
+    return message
+
+
+def _content(where: str, content: Any) -> str:
+    """A message's text: a string, or text parts (other parts are refused)."""
+    if content is None or isinstance(content, str):
+        return storable(f"{where}.content", content or "")
+    if not isinstance(content, list):
+        raise InvalidInput(f"{where}.content: must be a string or a list of text parts.")
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text":
+            raise BadRequest(f"{where}.content[{j}]: only text parts are supported.")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise InvalidInput(f"{where}.content[{j}].text: must be a string.")
+        texts.append(storable(f"{where}.content[{j}].text", text))
+    return "".join(texts)
+
+
+def storable(where: str, text: str) -> str:
+    """Text PostgreSQL can hold and JSON can carry: no NUL, no lone surrogate (422)."""
+    if "\x00" in text:
+        raise InvalidInput(f"{where}: must not contain NUL (U+0000) characters.")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(
+            f"{where}: must not contain unpaired surrogates (U+D800 to U+DFFF)."
+        ) from None
+    return text
+
+
+def _calls(where: str, calls: Any) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise BadRequest(f"{where}.tool_calls: must be a list.")
+    checked = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (
+            not isinstance(call, dict)
+            or not isinstance(call.get("id"), str)
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or not isinstance(function.get("arguments"), str)
+        ):
+            raise InvalidInput(
+                f"{where}.tool_calls[{j}]: must have an id and a function with a name"
+                " and arguments."
+            )
+        checked.append(
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": function["name"], "arguments": function["arguments"]},
+            }
+        )
+    return checked
+
+
+def _check_continuation(last_user: int, continuation: tuple[dict[str, Any], ...]) -> None:
+    """After the last user message: nothing, or rounds of an assistant's tool
+    calls each followed by a result for every call."""
+    expected: set[str] = set()
+    for offset, message in enumerate(continuation):
+        where = f"messages[{last_user + 1 + offset}]"
+        if message["role"] == "assistant" and message.get("tool_calls") and not expected:
+            expected = {call["id"] for call in message["tool_calls"]}
+            continue
+        if message["role"] == "tool" and message["tool_call_id"] in expected:
+            expected.discard(message["tool_call_id"])
+            continue
+        raise BadRequest(
+            f"{where}: after the last user message only an assistant's tool calls and"
+            " the tool results for them may follow (the last user message is the one"
+            " answered)."
+        )
+    if expected:
+        raise BadRequest(
+            f"messages: no tool result for the tool call {sorted(expected)[0]!r};"
+            " send one tool message per call."
+        )
+
+
+def _tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    """The client's function tools, as sent to the model ("none": none)."""
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise BadRequest("tool_choice: only auto and none are supported.")
+    given = body.get("tools")
+    if given is None or choice == "none":
+        return ()
+    if not isinstance(given, list):
+        raise InvalidInput("tools: must be a list.")
+    checked: list[dict[str, Any]] = []
+    for i, tool in enumerate(given):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise BadRequest(f"tools[{i}].type: only function tools are supported.")
+        if not isinstance(function, dict):
+            raise InvalidInput(f"tools[{i}].function: required.")
+        name = function.get("name")
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            raise InvalidInput(f"tools[{i}].function.name: 1-64 letters, digits, _ or -.")
+        if name in MEMCHAT_TOOLS:
+            raise BadRequest(f"tools[{i}].function.name: {name} is memchat's own tool.")
+        if any(t["function"]["name"] == name for t in checked):
+            raise BadRequest(f"tools[{i}].function.name: {name} is given twice.")
+        parameters = function.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(parameters, dict):
+            raise InvalidInput(f"tools[{i}].function.parameters: must be a JSON Schema object.")
+        sent: dict[str, Any] = {"name": name, "parameters": parameters}
+        if isinstance(function.get("description"), str):
+            sent["description"] = function["description"]
+        if isinstance(function.get("strict"), bool):
+            sent["strict"] = function["strict"]
+        checked.append({"type": "function", "function": sent})
+    return tuple(checked)
+
+
+def _metadata(body: dict[str, Any]) -> uuid.UUID | None:
+    metadata = body.get("metadata")
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise InvalidInput("metadata: must be an object of strings.")
+    value = metadata.get("session_id")
+    if value is None:
+        return None
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise BadRequest("metadata.session_id: must be a session's UUID.") from None
+
+
+def _options(body: dict[str, Any]) -> dict[str, Any]:
+    """memchat's own options (`"memchat": {...}`, the SDKs' extra_body)."""
+    options = body.get("memchat")
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise InvalidInput("memchat: must be an object.")
+    unknown = sorted(set(options) - {"search_memory", "client_message_id"})
+    if unknown:
+        raise InvalidInput(
+            f"memchat.{unknown[0]}: not an option; use search_memory or client_message_id."
+        )
+    return options
+
+
+def _flag(options: dict[str, Any], name: str, default: bool) -> bool:
+    value = options.get(name, default)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"memchat.{name}: must be true or false.")
+    return value
+
+
+def _client_message_id(options: dict[str, Any]) -> str | None:
+    value = options.get("client_message_id")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= 128:
+        raise InvalidInput("memchat.client_message_id: 1 to 128 characters.")
+    return value
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise InvalidInput("stream_options: must be an object.")
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise InvalidInput("stream_options.include_usage: must be true or false.")
+    return include
+
+
+# ----------------------------------------------------------- the answer
+
+
+def new_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(result: ChatResult) -> dict[str, int]:
+    prompt, completion = result.usage["prompt_tokens"], result.usage["completion_tokens"]
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def tool_calls(result: ChatResult) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+        for call in result.tool_calls
+    ]
+
+
+def finish_reason(result: ChatResult) -> str:
+    return "tool_calls" if result.tool_calls else "stop"
+
+
+def memchat_info(result: ChatResult) -> dict[str, Any]:
+    """The answer's top-level `memchat` object (SDKs ignore it): what memory did."""
+    return {
+        "session_id": str(result.session_id),
+        "agent_name": result.agent_name,
+        "model": result.model,
+        "message_id": result.message_id,
+        "user_message_id": result.user_message_id,
+        "replayed": result.replayed,
+        "memory": result.memory,
+        "search_memory": result.searches,
+    }
+
+
+def completion(result: ChatResult, request: CompletionRequest) -> dict[str, Any]:
+    """The `chat.completion` body of a turn."""
+    message: dict[str, Any] = {"role": "assistant", "content": result.answer, "refusal": None}
+    if result.tool_calls:
+        message["content"] = result.answer or None
+        message["tool_calls"] = tool_calls(result)
+    return {
+        "id": new_id(),
+        "object": "chat.completion",
+        "created": now(),
+        "model": request.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finish_reason(result),
+            }
+        ],
+        "usage": usage(result),
+        "memchat": memchat_info(result),
+    }
+
+
+def memory_headers(session_id: str, memory: dict[str, Any]) -> dict[str, str]:
+    """What memory did, as response headers (known once the memory is loaded)."""
+    return {
+        "X-Memchat-Session-ID": session_id,
+        "X-Session-ID": session_id,
+        "X-Memchat-Context-Tokens": str(memory.get("context_tokens", 0)),
+        "X-Memchat-Recalled": str(len(memory.get("recalled") or [])),
+    }

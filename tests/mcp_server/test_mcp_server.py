@@ -1,0 +1,200 @@
+"""The MCP server with the `mcp` SDK's own client, over both transports:
+streamable HTTP at POST /mcp of `memchat dev`, and `memchat mcp` on stdio.
+
+Every tool is listed and called, against the real database; the memory the
+tools read was made by chat turns through the API (the model is the fake
+OpenAI server), and what they change is checked in the database.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import httpx
+import httpx2
+import psycopg
+import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.utils.chat_api import assert_error
+from tests.utils.dev_server import DevServer
+from tests.utils.fake_openai import FakeOpenAI
+
+TOOLS = {"search_memory", "read_notes", "update_notes", "list_sessions", "get_session"}
+
+Connect = Callable[[str], AbstractAsyncContextManager[ClientSession]]
+
+
+@asynccontextmanager
+async def over_http(dev: DevServer, token: str) -> AsyncIterator[ClientSession]:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30) as http,
+        streamable_http_client(f"{dev.url}/mcp", http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+@asynccontextmanager
+async def over_stdio(dev: DevServer, token: str) -> AsyncIterator[ClientSession]:
+    # The same database and model (so the same embeddings) as `memchat dev`.
+    env = {**dev.env, "MEMCHAT_TOKEN": token}
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "memchat.cli", "mcp"], env=env, cwd=str(dev.home)
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+@pytest.fixture(params=["http", "stdio"])
+def connect(request: pytest.FixtureRequest, dev: DevServer) -> Connect:
+    opener = over_http if request.param == "http" else over_stdio
+    return lambda token: opener(dev, token)
+
+
+def result_of(result: Any) -> dict[str, Any]:
+    """A successful tool call's structured result."""
+    assert not result.is_error, result.content
+    content: dict[str, Any] = result.structured_content
+    return content
+
+
+def error_of(result: Any) -> str:
+    """A failed tool call's error text, the SDK's "Error executing tool <name>: " left out."""
+    assert result.is_error, result
+    (block,) = result.content
+    prefix, _, text = block.text.partition(": ")
+    assert prefix.startswith("Error executing tool "), block.text
+    return str(text)
+
+
+async def chat(dev: DevServer, token: str, message: str, **fields: Any) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=dev.url, timeout=30) as client:
+        r = await client.post(
+            "/chat",
+            json={"message": message, **fields},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+async def test_every_tool_is_listed_and_works(
+    connect: Connect, dev: DevServer, dev_model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    user_id = uuid.uuid4()
+    token = dev.token(user_id)
+    dev_model.script({"content": "Noted: your dentist is Dr. Moreau."})
+    first = await chat(dev, token, "My dentist is Dr. Moreau")
+    await chat(dev, token, "Unrelated: I like sailing", session_id=str(uuid.uuid4()))
+
+    async with connect(token) as session:
+        listed = await session.list_tools()
+        assert {tool.name for tool in listed.tools} == TOOLS
+        for tool in listed.tools:
+            assert tool.description and tool.input_schema["type"] == "object"
+            assert "\n    " not in tool.description  # the docstring's indentation left out
+
+        found = result_of(await session.call_tool("search_memory", {"query": "dentist", "k": 3}))
+        top = found["hits"][0]
+        assert top["question"] == "My dentist is Dr. Moreau"
+        assert top["answer"] == "Noted: your dentist is Dr. Moreau."
+        assert top["session_id"] == first["session_id"]
+
+        notes = result_of(await session.call_tool("read_notes", {}))
+        assert (notes["notes"], notes["version"]) == ("", 0)
+        saved = result_of(
+            await session.call_tool(
+                "update_notes", {"notes": "- dentist: Dr. Moreau", "expected_version": 0}
+            )
+        )
+        assert saved["version"] == 1
+        stale = await session.call_tool(
+            "update_notes", {"notes": "- overwritten", "expected_version": 0}
+        )
+        assert error_of(stale).startswith("notes_conflict: ")
+        assert result_of(await session.call_tool("read_notes", {}))["notes"] == (
+            "- dentist: Dr. Moreau"
+        )
+
+        sessions = result_of(await session.call_tool("list_sessions", {"limit": 10}))["sessions"]
+        assert len(sessions) == 2 and first["session_id"] in {s["id"] for s in sessions}
+
+        got = result_of(await session.call_tool("get_session", {"session_id": first["session_id"]}))
+        assert got["session"]["id"] == first["session_id"]
+        assert [(m["role"], m["content"]) for m in got["messages"]] == [
+            ("user", "My dentist is Dr. Moreau"),
+            ("assistant", "Noted: your dentist is Dr. Moreau."),
+        ]
+        last = result_of(
+            await session.call_tool("get_session", {"session_id": first["session_id"], "last": 1})
+        )
+        assert [m["content"] for m in last["messages"]] == ["Noted: your dentist is Dr. Moreau."]
+
+    row = admin.execute(
+        "select notes, version from public.agent_long_term_memory where user_id = %s", (user_id,)
+    ).fetchone()
+    assert row == ("- dentist: Dr. Moreau", 1)
+
+
+async def test_tools_see_only_the_callers_data(
+    connect: Connect, dev: DevServer, dev_model: FakeOpenAI
+) -> None:
+    owner = dev.token()
+    theirs = await chat(dev, owner, "my locker code is 4711")
+    async with connect(dev.token()) as session:
+        missing = await session.call_tool("get_session", {"session_id": theirs["session_id"]})
+        assert error_of(missing).startswith("session_not_found: ")
+        found = result_of(await session.call_tool("search_memory", {"query": "locker code"}))
+        assert found["hits"] == []
+        assert result_of(await session.call_tool("list_sessions", {}))["sessions"] == []
+        bad = await session.call_tool("get_session", {"session_id": "nope"})
+        assert error_of(bad).startswith("bad_request: ")
+        invalid = await session.call_tool("search_memory", {"query": ""})
+        assert invalid.is_error  # the SDK's validation (min_length)
+        blank = await session.call_tool("search_memory", {"query": "   "})
+        assert error_of(blank) == "bad_request: query is blank."
+
+
+async def test_http_mcp_needs_the_apis_token(dev: DevServer) -> None:
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    headers = {"Accept": "application/json, text/event-stream"}
+    async with httpx.AsyncClient(base_url=dev.url, timeout=30) as client:
+        for authorization in (None, "Bearer garbage"):
+            sent = {**headers, **({"Authorization": authorization} if authorization else {})}
+            r = await client.post("/mcp", json=message, headers=sent)
+            assert_error(r, 401, "unauthorized")
+        r = await client.post(
+            "/mcp", json=message, headers={**headers, "Authorization": f"Bearer {dev.token()}"}
+        )
+    assert r.status_code == 200, r.text
+    assert {tool["name"] for tool in json.loads(r.text)["result"]["tools"]} == TOOLS
+
+
+def test_memchat_mcp_refuses_to_start_without_a_token(dev: DevServer) -> None:
+    import subprocess
+
+    env = {k: v for k, v in dev.env.items() if k != "MEMCHAT_TOKEN"}
+    done = subprocess.run(
+        [sys.executable, "-m", "memchat.cli", "mcp"],
+        env=env,
+        cwd=dev.home,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "MEMCHAT_TOKEN" in done.stderr
