@@ -11,11 +11,9 @@
 --   sessions outside the window. A scan filtered to one caller's rows
 --   visits about (rows wanted) / (the caller's share of the table) entries,
 --   each a read of its row as the exact scan's are: the index is taken when
---   that is well under the caller's own rows (measured: a caller of 1,000
---   messages in a table of 211,000 rows is 25 times slower through the
---   index than by the exact scan; one of 100,000, 100 times faster). If that yields fewer
---   than the list's depth (many of the nearest in expired sessions, or the
---   scan's tuple limit reached for a caller with a small share of a huge
+--   that is well under the caller's own rows (docs/benchmarks.md). If that
+--   yields fewer than k (many of the nearest in expired sessions, or the
+--   scans' tuple limit reached for a caller with a small share of a huge
 --   table), the exact scan runs instead. A shorter history, or an older
 --   pgvector (0.6 in pgserver 0.1.4, no iterative scans: a filtered HNSW
 --   search returns fewer rows than exist), is ranked exactly, as before:
@@ -58,6 +56,14 @@ create function memchat.ann_from_messages() returns integer
 language sql immutable parallel safe
 set search_path = ''
 as $$ select 2000 $$;
+
+-- The HNSW scans' candidate list (hnsw.ef_search): how closely they follow
+-- the exact order (pgvector's default, 40, missed a planted 0.8 neighbour
+-- among random vectors in tests/store/test_recall_scale.py).
+create function memchat.recall_ef_search() returns integer
+language sql immutable parallel safe
+set search_path = ''
+as $$ select 100 $$;
 
 -- How many rounds the words list may expect to rank. (On LongMemEval, whose
 -- users have about 490 rounds, ranking with the rarer words within 300
@@ -300,7 +306,7 @@ begin
     -- statement is planned, so that the planner cannot read the owner
     -- index and sort instead, which is the exact scan's cost.
     perform set_config('hnsw.iterative_scan', 'relaxed_order', true),
-            set_config('hnsw.ef_search', (v_depth * 3)::text, true),
+            set_config('hnsw.ef_search', memchat.recall_ef_search()::text, true),
             set_config('enable_sort', 'off', true),
             set_config('enable_seqscan', 'off', true);
     v_meaning := array(
@@ -310,14 +316,14 @@ begin
                  from memchat.message_embeddings e
                 where e.user_id = v_uid and e.agent_name = p_agent_name and e.model = p_model
                 order by e.embedding operator(extensions.<=>) p_query
-                limit v_depth * 3 + p_window)
+                limit v_depth + p_window)
               union all
               (select f.message_id, f.session_id,
                       f.embedding operator(extensions.<=>) p_query as distance
                  from memchat.message_facts f
                 where f.user_id = v_uid and f.agent_name = p_agent_name and f.model = p_model
                 order by f.embedding operator(extensions.<=>) p_query
-                limit v_depth * 3 + p_window)) n
+                limit v_depth + p_window)) n
         join public.chat_sessions s on s.id = n.session_id and s.user_id = v_uid
        where s.status = 'active' and s.expires_at > pg_catalog.now()
          and (p_session_id is null or n.session_id <> p_session_id or n.message_id < v_floor)
@@ -328,7 +334,11 @@ begin
             set_config('enable_seqscan', 'on', true),
             set_config('hnsw.iterative_scan', 'off', true);
   end if;
-  if cardinality(v_meaning) < v_depth then
+  -- Fewer than k from the indexes (the scans stopped at
+  -- hnsw.max_scan_tuples before finding the caller's rows): the exact scan.
+  -- Fewer than the list's depth but k or more (the nearest keys belong to
+  -- fewer messages) is a shorter list, not a reason to read every row.
+  if cardinality(v_meaning) < least(v_depth, p_k) then
     -- The exact scan: the owner index read in order (bitmap scans off,
     -- migration *_recall_plan.sql).
     v_meaning := array(select n.message_id from memchat.nearest_messages(
@@ -426,6 +436,7 @@ end
 $$;
 
 grant execute on function memchat.vector_iterative_scans(), memchat.ann_from_messages(),
+  memchat.recall_ef_search(),
   memchat.words_budget(), memchat.recall_index_ready(),
   memchat.rarer_words(tsquery, bigint, integer),
   memchat.rounds_matching(text, text, tsquery, uuid, bigint, integer),

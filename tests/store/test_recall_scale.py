@@ -9,6 +9,7 @@ Each test has a database of its own (its indexes and statistics change)."""
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 import uuid
@@ -22,6 +23,7 @@ from memchat import store
 from memchat.store.db import Database
 from memchat.store.fragments import vector_literal
 from tests.utils.analytics_data import Fresh, fresh_database
+from tests.utils.store_data import acting_as, through_data_api
 from tests.utils.users import UserFactory
 
 DIMS = 512
@@ -160,8 +162,6 @@ def test_the_embedded_server_has_iterative_scans_and_the_indexes(own: Fresh) -> 
 
 
 def _external_database() -> bool:
-    import os
-
     return bool(os.environ.get("DATABASE_URL"))
 
 
@@ -178,10 +178,12 @@ async def test_a_long_history_is_searched_through_the_index_as_exactly_as_the_sc
     targets = [unit([rng.gauss(0, 1) for _ in range(DIMS)]) for _ in range(4)]
     vectors = [unit([rng.gauss(0, 1) for _ in range(DIMS)]) for _ in range(size)]
     texts = [f"filler message {i}" for i in range(size)]
-    # Each target has three messages near it, at known places in the history.
+    # Each target has three messages near it, at known places in the history,
+    # in three sessions (recall prefers other sessions to a third hit of one).
     planted: dict[int, list[int]] = {}
+    sessions = rng.sample(range(size // 25), 3 * len(targets))
     for t, target in enumerate(targets):
-        places = rng.sample(range(size), 3)
+        places = [25 * s + rng.randrange(25) for s in sessions[3 * t : 3 * t + 3]]
         planted[t] = places
         for place, similarity in zip(places, (0.9, 0.85, 0.8), strict=True):
             vectors[place] = near(rng, target, similarity)
@@ -277,8 +279,6 @@ def test_a_long_history_leaves_its_commonest_words_out(own: Fresh) -> None:
 def test_the_word_list_reads_only_the_callers_rounds(own: Fresh) -> None:
     # memchat.rounds_matching runs as the owner (so the GIN index can be
     # used): the caller's rows come from the verified claims, nobody else's.
-    from tests.utils.store_data import acting_as, through_data_api
-
     users = UserFactory(own.admin)
     alice, bob = users.create(), users.create()
     rng = random.Random(11)
@@ -293,6 +293,8 @@ def test_the_word_list_reads_only_the_callers_rounds(own: Fresh) -> None:
         assert scalar(conn, call, (MODEL,)) == [mine]
     with acting_as(own.admin, {"role": "authenticated"}) as conn:  # claims without a user
         assert scalar(conn, call, (MODEL,)) == []
-    with pytest.raises(psycopg.errors.InsufficientPrivilege):
-        with through_data_api(own.admin, alice.claims) as conn:
-            conn.execute(call, (MODEL,))
+    with (
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+        through_data_api(own.admin, alice.claims) as conn,
+    ):
+        conn.execute(call, (MODEL,))
