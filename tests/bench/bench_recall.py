@@ -1,6 +1,8 @@
-"""Benchmark: recall - the exact per-user scan (embeddings and fact keys,
-fused with the full-text match of the message's words), a global HNSW index
-instead, and what recall adds to a turn whose embedding takes 50 ms.
+"""Benchmark: recall - as the migrations leave it (the exact per-user scan for
+a short history; for a long one, where pgvector has iterative scans, the
+migrations' HNSW indexes; the word list through the GIN index), against the
+exact scan, a global HNSW index without iterative scans, and what recall
+adds to a turn whose embedding takes 50 ms.
 
 Run on demand (pytest does not collect `bench_*.py`):
 
@@ -55,13 +57,18 @@ column. No text holds a time expression, so recall's period list stays off
 (period=None, as for most turns). `--no-words`: text=None (the two vector
 lists only), to tell the words list's cost apart.
 
+The fill drops the migrations' HNSW indexes (*_recall_at_scale.sql) while
+it copies and builds them after (memchat.index_recall_keys, with
+--maintenance-work-mem), as one build is far faster than a million inserts.
+
 1. **query**: `store.recall` (k=3, window 10, min score 0.3, from the
    user's newest session, as a turn calls it, with the query's text)
    through `memchat.store.db.Database(url, max_connections=1)` on the Unix
    socket: one round trip as `memchat_user` under row-level security, i.e.
-   memchat.recall's exact ranking over the btrees `(user_id, agent_name)` of
-   both tables and its GIN index on the lexemes, as the migrations leave
-   them. Median, p95, and the cost per 1,000 rows between sizes; "alone"
+   memchat.recall as the migrations leave it; where the HNSW indexes are
+   there, again with them dropped (the exact scan: the reference for
+   recall@k and its timing), after which they are built again. Median,
+   p95, and the cost per 1,000 rows between sizes; "alone"
    (one size after the other, back to back: the user's rows stay in
    shared_buffers) and "mixed" (sizes in turn, the client idle --idle-ms
    before each call, as a turn's recall follows its embedding: the largest
