@@ -63,6 +63,8 @@ def test_sdk_sync_remembers_across_calls(dev: DevServer, dev_model: FakeOpenAI) 
     assert raw.headers["x-memchat-session-id"] == session_id
     assert int(raw.headers["x-memchat-context-tokens"]) > 0
     assert saw_earlier_turn(dev_model.requests[-1], "My name is Ada.", "Nice to meet you, Ada.")
+    # Never the messages or answers in the server's logs.
+    assert "My name is" not in dev.output() and "Nice to meet you" not in dev.output()
 
 
 async def test_sdk_async_remembers_across_calls(dev: DevServer, dev_model: FakeOpenAI) -> None:

@@ -307,6 +307,17 @@ async def test_a_field_that_would_change_the_answer_is_refused_naming_it(
             "validation_error",
             "memchat.recall",
         ),
+        (
+            {
+                "model": "memchat",
+                "messages": [user("hi")],
+                "tools": [WEATHER_TOOL],
+                "memchat": {"client_message_id": "k1"},
+            },
+            400,
+            "bad_request",
+            "memchat.client_message_id",
+        ),
     ],
 )
 async def test_a_bad_request_is_a_clear_4xx_in_openais_shape_and_stores_nothing(

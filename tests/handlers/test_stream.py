@@ -422,6 +422,39 @@ def test_a_json_turn_through_the_chat_stream_server(
     assert message.split()[-1] not in chat_stream_server.output()
 
 
+def test_an_openai_streamed_turn_through_the_chat_stream_server(
+    chat_stream_server: StreamServer,
+    users: UserFactory,
+    model: FakeOpenAI,
+    admin: psycopg.Connection,
+) -> None:
+    """POST /v1/chat/completions with `stream: true` at the chat stream URL:
+    OpenAI's chunks as the model writes them, then [DONE]; the turn stored."""
+    user_id = users.create().user_id
+    message = f"the pass phrase is {uuid.uuid4().hex}"
+    body = {"model": "memchat", "messages": [{"role": "user", "content": message}], "stream": True}
+    with httpx.stream(
+        "POST",
+        f"{chat_stream_server.url}/v1/chat/completions",
+        json=body,
+        headers=auth_for(user_id),
+        timeout=30,
+    ) as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == f"echo: {message}"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    session_id = response.headers["x-memchat-session-id"]
+    assert stored_messages(admin, session_id) == [("human", message), ("ai", f"echo: {message}")]
+    assert model.requests[-1]["stream"] is True
+    # Never the message text (nor the answer that echoes it) in the logs.
+    assert message.split()[-1] not in chat_stream_server.output()
+
+
 def test_the_chat_stream_server_checks_the_token(chat_stream_server: StreamServer) -> None:
     for headers in ({}, STREAM_HEADERS):
         response = httpx.post(

@@ -146,6 +146,8 @@ async def test_every_tool_is_listed_and_works(
         "select notes, version from public.agent_long_term_memory where user_id = %s", (user_id,)
     ).fetchone()
     assert row == ("- dentist: Dr. Moreau", 1)
+    # Never what was said, searched or noted in the server's logs.
+    assert "Moreau" not in dev.output() and "dentist" not in dev.output()
 
 
 async def test_tools_see_only_the_callers_data(

@@ -152,10 +152,12 @@ def parse(
     continuation = tuple(checked[last_user + 1 :])
     _check_continuation(last_user, continuation)
     options = _options(body)
-    if continuation and options.get("client_message_id") is not None:
+    if options.get("client_message_id") is not None and (continuation or body.get("tools")):
+        # A retry replays the turn's stored answer; a turn that ends with a
+        # call of the client's tools has none to replay.
         raise BadRequest(
-            "memchat.client_message_id: a continuation (tool results) takes none;"
-            " its turn's user message already has one."
+            "memchat.client_message_id: not with tools or tool results (a turn that"
+            " ends with a call of your tools has no stored answer to replay)."
         )
     stream = body.get("stream")
     if stream not in (None, True, False):

@@ -9,7 +9,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Header, Request, Response
 from fastapi.responses import JSONResponse
 
-from memchat.api.completion_stream import ChunkStream
 from memchat.api.deps import CurrentUser, State
 from memchat.api.openai_errors import OpenAIRoute
 from memchat.api.schemas import UuidHeader, parse_session_id
@@ -20,7 +19,6 @@ from memchat.api.schemas.openai import (
     openai_error_responses,
 )
 from memchat.usecases import completions
-from memchat.usecases.streaming import StreamedTurn
 
 router = APIRouter(tags=["openai"], route_class=OpenAIRoute)
 
@@ -95,6 +93,11 @@ async def create_completion(
         search_by_default=state.settings.search_memory_tool,
     )
     if asked.stream:
+        # Imported here: most turns through /v1 are not streamed, and none
+        # of the chat function's cold start needs the chunk writer.
+        from memchat.api.completion_stream import ChunkStream
+        from memchat.usecases.streaming import StreamedTurn
+
         turn = StreamedTurn()
         start = await turn.begin(state.chat.run(caller, asked.turn, turn))
         return ChunkStream(
