@@ -435,6 +435,9 @@ begin
 end
 $$;
 
+revoke all on function memchat.vector_iterative_scans(), memchat.ann_from_messages(),
+  memchat.recall_ef_search(), memchat.words_budget(), memchat.recall_index_ready()
+  from public;
 grant execute on function memchat.vector_iterative_scans(), memchat.ann_from_messages(),
   memchat.recall_ef_search(),
   memchat.words_budget(), memchat.recall_index_ready(),

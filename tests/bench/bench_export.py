@@ -43,8 +43,7 @@ if __package__ in (None, ""):
 
 import psutil
 
-from memchat import devtokens
-from memchat.api.main import create_app
+from memchat import bootstrap, devtokens
 from memchat.config import load_settings
 from tests.bench import _common as common
 
@@ -205,7 +204,7 @@ async def bench(target: common.Target, count: int, runs: int) -> None:
         openai_api_key="unused",
         db_max_connections=1,
     )
-    app = create_app(settings)
+    app = bootstrap.app(settings)
     token = devtokens.mint(common.JWT_SECRET, caller.user_id)
     baseline = 0
     seconds: dict[str, list[float]] = {f: [] for f in FORMATS}

@@ -169,6 +169,9 @@ class FakeSupabaseAuth:
             "exp": now + self.access_ttl,
             "session_id": session_id,
             "is_anonymous": False,
+            # Each token its own, as a refresh a second later would make it
+            # (two minted in one second would otherwise be the same string).
+            "jti": str(uuid.uuid4()),
         }
         refresh = secrets.token_urlsafe(16)
         with self._lock:
