@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the Lambda code package: memchat with its runtime dependencies, the
-# `stream` extra (uvicorn, for the streaming functions) and aws-xray-sdk (so
-# that EnableTracing=Active works without another build; no dev/test extras),
+# `stream` extra (uvicorn, for the streaming functions), the `mcp` extra (the
+# MCP SDK, for POST /mcp; imported only when /mcp is first requested) and
+# aws-xray-sdk (so that EnableTracing=Active works without another build; no
+# dev/test/cli extras),
 # as Linux wheels for the template's runtime and architecture, exactly the
 # files locked (version and sha256) in infra/lambda-constraints.txt,
 # byte-compiled for the runtime's Python, plus run.sh (the export and chat
@@ -38,7 +40,7 @@
 # hash the lock does not list (tampered, or re-uploaded) and any unpinned or
 # unhashed requirement. memchat itself, built from this tree, has no hash to
 # check: it is installed after them, on its own, with --no-deps --no-index.
-# The build then fails unless the lock is exactly memchat[stream]'s
+# The build then fails unless the lock is exactly memchat[stream,mcp]'s
 # dependency closure plus the X-Ray SDK (a dependency it lacks, a version
 # outside a range, a pin nothing needs). After a dependency change,
 # `--update-constraints` resolves the newest versions the ranges allow, for
@@ -58,7 +60,9 @@ OUT="$ROOT/build/lambda"
 LOCK="$ROOT/infra/lambda-constraints.txt"
 # Where --update-* read each version's files and their sha256 (PEP 691/503).
 INDEX_URL="${PIP_INDEX_URL:-https://pypi.org/simple}"
-# Installed beside memchat[stream], without their dependencies: Powertools
+# The extras the package ships (pyproject.toml); never `cli`, `dev` or `test`.
+EXTRAS="stream,mcp"
+# Installed beside memchat[$EXTRAS], without their dependencies: Powertools
 # Tracer's X-Ray SDK (EnableTracing=Active). Its other dependency, botocore,
 # is the runtime's (as boto3 is): a copy in the package would shadow it.
 TRACER_REQUIREMENTS=(aws-xray-sdk wrapt)
@@ -181,7 +185,7 @@ wheel_target() {  # wheel_target MACHINE DIR: sets WHEEL_TARGET
 }
 
 # 2. --update-constraints / --update-hashes: the lock written again. pip
-#    resolves memchat[stream] (newest versions the ranges allow, or under the
+#    resolves memchat[stream,mcp] (newest versions the ranges allow, or under the
 #    lock's versions) and the X-Ray SDK for both architectures, without
 #    installing anything (--dry-run --report); the two must agree. Then each
 #    pinned version gets the sha256 of every wheel the index lists for it
@@ -198,7 +202,7 @@ if [ -n "$UPDATE" ]; then
   for machine in aarch64 x86_64; do
     wheel_target "$machine" "$WORK/resolve"
     "${PIP[@]}" install --quiet --dry-run --report "$WORK/report-app-$machine.json" \
-      "${PINS[@]}" "${WHEEL_TARGET[@]}" "${WHEELS[0]}[stream]"
+      "${PINS[@]}" "${WHEEL_TARGET[@]}" "${WHEELS[0]}[$EXTRAS]"
     "${PIP[@]}" install --quiet --dry-run --no-deps --report "$WORK/report-tracer-$machine.json" \
       "${PINS[@]}" "${WHEEL_TARGET[@]}" "${TRACER_REQUIREMENTS[@]}"
   done
@@ -320,19 +324,25 @@ rm -rf "${OUT:?}/bin"  # console scripts (step 5); memchat's own would clash wit
 "${PIP[@]}" install --quiet --no-compile --no-deps --no-index \
   "${WHEEL_TARGET[@]}" "${WHEELS[0]}"
 # pip only warns about an unknown extra: without uvicorn the streaming
-# functions would fail at every cold start, so fail the build instead.
+# functions would fail at every cold start, and without the MCP SDK POST /mcp
+# would answer 501, so fail the build instead.
 if [ ! -f "$OUT/uvicorn/__init__.py" ]; then
   echo "error: uvicorn is not in the package: pyproject.toml needs the extra" \
        'stream = ["uvicorn>=0.30"]' >&2
   exit 1
 fi
+if [ ! -f "$OUT/mcp/__init__.py" ]; then
+  echo "error: the MCP SDK is not in the package: pyproject.toml needs the extra" \
+       'mcp = ["mcp>=2.0"]' >&2
+  exit 1
+fi
 
-# 4. The lock is exactly what memchat[stream] needs on this architecture
+# 4. The lock is exactly what memchat[stream,mcp] needs on this architecture
 #    (every Requires-Dist, markers evaluated for the runtime, satisfied by
 #    a pinned version) plus the X-Ray SDK, whose own dependencies are not
 #    followed (as pip --no-deps: botocore is the runtime's, as boto3 is: a
 #    copy in the package would shadow it).
-"$PY" - "$OUT" "$LOCK" "$PYTHON_VERSION" "$MACHINE" "${TRACER_REQUIREMENTS[@]}" <<'PYTHON'
+"$PY" - "$OUT" "$LOCK" "$PYTHON_VERSION" "$MACHINE" "$EXTRAS" "${TRACER_REQUIREMENTS[@]}" <<'PYTHON'
 import os, sys
 from email.parser import HeaderParser
 try:  # pip's own copy: what pip itself decides with
@@ -341,7 +351,8 @@ try:  # pip's own copy: what pip itself decides with
 except ImportError:
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
-out, lock, python_version, machine, *tracer = sys.argv[1:]
+out, lock, python_version, machine, package_extras, *tracer = sys.argv[1:]
+package_extras = frozenset(package_extras.split(","))
 tracer = {canonicalize_name(name) for name in tracer}
 installed = {}
 for entry in os.listdir(out):
@@ -363,9 +374,9 @@ environment = {
     "platform_release": "", "platform_version": "",
 }
 errors = []
-if "stream" not in (installed["memchat"].get_all("Provides-Extra") or []):
-    errors.append("memchat has no `stream` extra")
-needed, todo = set(), [("memchat", frozenset({"stream"}))]
+provided = set(installed["memchat"].get_all("Provides-Extra") or [])
+errors += [f"memchat has no `{extra}` extra" for extra in sorted(package_extras - provided)]
+needed, todo = set(), [("memchat", package_extras)]
 while todo:
     name, extras = todo.pop()
     if (name, extras) in needed:

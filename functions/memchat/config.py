@@ -177,8 +177,8 @@ class Settings(BaseModel):
     # (about 1.5 per user message), better recall. 0: none are made.
     memory_recall_facts: bool = True
     # Offer the model the search_memory tool (model/search_tool.py) on every
-    # POST /v1/chat/completions turn; a request's `memchat.search_memory`
-    # decides for itself.
+    # turn (POST /chat and POST /v1/chat/completions); a request's own
+    # `search_memory` (/v1: `memchat.search_memory`) decides for itself.
     search_memory_tool: bool = False
     # Embeddings come from any OpenAI-compatible `POST /embeddings`: this
     # model (recorded with every stored embedding: vectors of different

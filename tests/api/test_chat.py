@@ -32,8 +32,14 @@ from tests.utils.chat_api import (
     stored_notes,
     system_texts,
 )
-from tests.utils.fake_openai import FakeOpenAI, tool_call
-from tests.utils.store_data import contents, session_row, snapshot, stored_messages
+from tests.utils.fake_openai import FakeOpenAI, search_call, tool_call
+from tests.utils.store_data import (
+    contents,
+    message_id_of,
+    session_row,
+    snapshot,
+    stored_messages,
+)
 
 ROLE = {"human": "user", "ai": "assistant"}
 
@@ -611,6 +617,7 @@ async def test_use_memory_false_reads_and_stores_nothing(
         "recalled": [],
         "summary_used": False,
         "summary_covers_until": None,
+        "search_memory": [],
     }
     assert body["session"] is None and fresh["session"] is None
     assert body["session_id"] == sid
@@ -683,8 +690,10 @@ async def test_response_shape_is_the_contracts(api: ApiClient, model: FakeOpenAI
         "recalled",
         "summary_used",
         "summary_covers_until",
+        "search_memory",
     }
     assert body["memory"]["enabled"] is True
+    assert body["memory"]["search_memory"] == []  # not offered (SEARCH_MEMORY_TOOL off)
     assert body["memory"]["recall_status"] == "ok" and body["memory"]["recalled"] == []
     assert body["memory"]["context_tokens"] == 0  # a first message: nothing to remember yet
     assert isinstance(body["memory"]["retrieval_ms"], float)
@@ -854,3 +863,66 @@ async def test_a_failing_observer_does_not_fail_the_turn(api: ApiClient, model: 
     api.app.state.memchat.chat.on_turn = broken
     _, auth = api.new_user()
     assert (await chat(api, auth, "still answered"))["answer"] == "echo: still answered"
+
+
+# ------------------------------------------------------------ search_memory
+
+
+def offered_tools(request: dict[str, Any]) -> list[str]:
+    return [t["function"]["name"] for t in request.get("tools") or []]
+
+
+async def test_search_memory_on_chat_is_opt_in_reported_and_stored_with_the_turn(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    """`search_memory: true` offers the model the tool; its call searches the
+    user's earlier sessions, and is reported in `memory.search_memory` and kept
+    in the stored answer's metadata, as on /v1."""
+    user_id, auth = api.new_user()
+    await chat(api, auth, "My dentist is Dr. Moreau", session_id=str(uuid.uuid4()))
+    plain = await chat(api, auth, "hello", session_id=str(uuid.uuid4()))
+    assert offered_tools(model.requests[-1]) == ["manage_long_term_memory"]  # off by default
+    assert plain["memory"]["search_memory"] == []
+
+    model.script(search_call("dentist"), {"content": "Dr. Moreau."})
+    body = await chat(
+        api, auth, "Who is my dentist?", session_id=str(uuid.uuid4()), search_memory=True
+    )
+    first, second = model.requests[-2:]
+    assert offered_tools(first) == ["manage_long_term_memory", "search_memory"]
+    result = second["messages"][-1]
+    assert result["role"] == "tool" and result["tool_call_id"] == "call_search"
+    assert json.loads(result["content"])[0]["user"] == "My dentist is Dr. Moreau"
+    assert body["answer"] == "Dr. Moreau."
+    (search,) = body["memory"]["search_memory"]
+    earlier = message_id_of(admin, user_id, "My dentist is Dr. Moreau")
+    assert (search["query"], search["k"], search["status"]) == ("dentist", 5, "ok")
+    assert search["message_ids"][0] == earlier
+    stored = stored_messages(admin, uuid.UUID(body["session_id"]))
+    assert [m["type"] for m in stored] == ["human", "ai", "tool", "ai"]
+    assert stored[-1]["data"]["response_metadata"]["memchat"]["search_memory"] == [search]
+
+
+async def test_the_setting_offers_search_memory_on_chat_unless_the_request_declines(
+    custom_api: Any, model: FakeOpenAI
+) -> None:
+    api = custom_api(search_memory_tool=True)
+    _, auth = api.new_user()
+    await chat(api, auth, "hi")
+    assert "search_memory" in offered_tools(model.requests[-1])
+    await chat(api, auth, "hi again", search_memory=None)  # null: the setting
+    assert "search_memory" in offered_tools(model.requests[-1])
+    await chat(api, auth, "and again", search_memory=False)
+    assert "search_memory" not in offered_tools(model.requests[-1])
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, "true", [True], {"on": True}])
+async def test_search_memory_must_be_a_boolean(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection, value: Any
+) -> None:
+    user_id, auth = api.new_user()
+    r = await api.post("/chat", json={"message": "hi", "search_memory": value}, headers=auth)
+    body = assert_error(r, 422, "validation_error")
+    assert "search_memory" in body["detail"]
+    assert model.calls == 0
+    assert snapshot(admin, user_id)["chat_sessions"] == []

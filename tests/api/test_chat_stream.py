@@ -20,9 +20,9 @@ import psycopg
 from memchat.api.schemas.chat import ChatResponse
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import ERROR_KEYS, assert_error, chat, stored_notes
-from tests.utils.fake_openai import FakeOpenAI, tool_call
+from tests.utils.fake_openai import FakeOpenAI, search_call, tool_call
 from tests.utils.sse import Event, events_of, names, parse, serve
-from tests.utils.store_data import contents, session_row, snapshot
+from tests.utils.store_data import contents, message_id_of, session_row, snapshot, stored_messages
 
 STREAM = {"Accept": "text/event-stream"}
 
@@ -363,3 +363,24 @@ async def test_the_response_ends_only_once_the_turn_is_stored(
         ("human", "hello there"),
         ("ai", "an answer written slowly word by word"),
     ]
+
+
+async def test_a_streamed_turn_with_search_memory_reports_the_search_in_done(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    user_id, auth = api.new_user()
+    await chat(api, auth, "My sister Lena lives in Porto", session_id=str(uuid.uuid4()))
+    model.script(search_call("sister Lena"), {"content": "In Porto."})
+    _, events = await stream(
+        api, auth, "Where does Lena live?", session_id=str(uuid.uuid4()), search_memory=True
+    )
+    done = assert_turn(events)
+    assert answer_of(events) == done["answer"] == "In Porto."
+    assert events[0].data["memory"]["search_memory"] == []  # nothing searched yet at start
+    (search,) = done["memory"]["search_memory"]
+    assert search["query"] == "sister Lena" and search["status"] == "ok"
+    assert search["message_ids"][0] == message_id_of(
+        admin, user_id, "My sister Lena lives in Porto"
+    )
+    stored = stored_messages(admin, uuid.UUID(done["session_id"]))
+    assert stored[-1]["data"]["response_metadata"]["memchat"]["search_memory"] == [search]

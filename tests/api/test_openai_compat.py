@@ -20,10 +20,10 @@ import pytest
 from memchat.messages import SYSTEM_PROMPT
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import conversation, remembered, seed_notes, system_texts
-from tests.utils.fake_openai import FakeOpenAI, tool_call
+from tests.utils.fake_openai import FakeOpenAI, search_call, tool_call
 from tests.utils.openai_api import WEATHER_TOOL, assert_openai_error
 from tests.utils.sse import parse, serve
-from tests.utils.store_data import contents, snapshot, stored_messages
+from tests.utils.store_data import contents, message_id_of, snapshot, stored_messages
 
 URL = "/v1/chat/completions"
 
@@ -53,6 +53,15 @@ def chunks_of(text: str) -> list[dict[str, Any]]:
     """The JSON chunks of a streamed completion, which must end with [DONE]."""
     assert text.endswith("data: [DONE]\n\n"), text[-200:]
     return [e.data for e in parse(text[: -len("data: [DONE]\n\n")])]
+
+
+def streamed_tool_calls(chunks: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The `delta.tool_calls` of each chunk that has some."""
+    return [
+        c["choices"][0]["delta"]["tool_calls"]
+        for c in chunks
+        if c["choices"][0]["delta"].get("tool_calls")
+    ]
 
 
 # ------------------------------------------------------------ the answer
@@ -213,6 +222,140 @@ async def test_a_client_message_id_makes_a_retry_a_replay(
     assert len(contents(admin, uuid.UUID(first["memchat"]["session_id"]))) == 2
 
 
+def weather_call(call_id: str, city: str) -> dict[str, Any]:
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps({"city": city})},
+    }
+
+
+def key(client_message_id: str) -> dict[str, Any]:
+    return {"memchat": {"client_message_id": client_message_id}}
+
+
+async def ask_weather(
+    api: ApiClient, model: FakeOpenAI, auth: dict[str, str], call: dict[str, Any], ask: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Ask for the weather with the client's tool and the key `ask`; the model
+    answers with `call`. The question, and the completion (the call)."""
+    model.script({"tool_calls": [call]})
+    city = json.loads(call["function"]["arguments"])["city"]
+    question = user(f"Weather in {city}?")
+    first = await complete(api, auth, [question], tools=[WEATHER_TOOL], **key(ask))
+    assert first["choices"][0]["message"]["tool_calls"] == [call]
+    return question, first
+
+
+async def test_a_retried_client_tool_call_and_its_continuation_are_replayed(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    """With client_message_ids, a retry of a turn that ended with a call of the
+    client's tools gets the same call back, and a retried continuation the
+    same answer, without the model and without storing anything again."""
+    _, auth = api.new_user()
+    call = weather_call("call_k1", "Lyon")
+    question, first = await ask_weather(api, model, auth, call, "ask-1")
+    sid = uuid.UUID(first["memchat"]["session_id"])
+    stored_before = stored_messages(admin, sid)
+
+    again = await complete(api, auth, [question], tools=[WEATHER_TOOL], **key("ask-1"))
+    assert model.calls == 1
+    (choice,) = again["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["tool_calls"] == [call] and choice["message"]["content"] is None
+    assert again["memchat"]["replayed"] is True
+    for field in ("session_id", "message_id", "user_message_id"):
+        assert again["memchat"][field] == first["memchat"][field], field
+    assert stored_messages(admin, sid) == stored_before
+
+    model.script({"content": "Sunny in Lyon."})
+    result = {"role": "tool", "tool_call_id": "call_k1", "content": "sunny, 21C"}
+    continued = [question, choice["message"], result]
+    answer = await complete(api, auth, continued, tools=[WEATHER_TOOL], **key("result-1"))
+    assert answer["choices"][0]["message"]["content"] == "Sunny in Lyon."
+    assert model.calls == 2
+    stored_after = stored_messages(admin, sid)
+    assert [m["type"] for m in stored_after] == ["human", "ai", "tool", "ai"]
+
+    replayed = await complete(api, auth, continued, tools=[WEATHER_TOOL], **key("result-1"))
+    assert model.calls == 2
+    assert replayed["choices"][0]["message"]["content"] == "Sunny in Lyon."
+    assert replayed["choices"][0]["finish_reason"] == "stop"
+    assert replayed["memchat"]["replayed"] is True
+    assert replayed["memchat"]["message_id"] == answer["memchat"]["message_id"]
+    assert replayed["memchat"]["user_message_id"] is None  # a continuation's, as the first
+    # The first request, retried after its continuation: still its own call.
+    late = await complete(api, auth, [question], tools=[WEATHER_TOOL], **key("ask-1"))
+    assert late["choices"][0]["message"]["tool_calls"] == [call]
+    assert late["choices"][0]["finish_reason"] == "tool_calls"
+    assert model.calls == 2
+    assert stored_messages(admin, sid) == stored_after
+
+
+async def test_a_replayed_client_tool_call_skips_memchats_own_rounds(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    """The turn's end is the call of the client's tools, not a round of
+    memchat's own (here the notes tool) before it; streamed, the replay is
+    the call's chunk and finish_reason tool_calls."""
+    user_id, auth = api.new_user()
+    call = weather_call("call_k2", "Oslo")
+    model.script(tool_call("append", content="- lives in Oslo"), {"tool_calls": [call]})
+    question = user("I live in Oslo; will it rain?")
+    first = await complete(api, auth, [question], tools=[WEATHER_TOOL], **key("ask-2"))
+    assert first["choices"][0]["message"]["tool_calls"] == [call]
+    assert model.calls == 2
+    body = {
+        "model": "memchat",
+        "messages": [question],
+        "tools": [WEATHER_TOOL],
+        "stream": True,
+        **key("ask-2"),
+    }
+    chunks = chunks_of((await api.post(URL, json=body, headers=auth)).text)
+    calls = streamed_tool_calls(chunks)
+    assert calls == [[{"index": 0, **call}]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[-1]["memchat"]["replayed"] is True
+    assert model.calls == 2
+    (notes,) = snapshot(admin, user_id)["agent_long_term_memory"]
+    assert notes["notes"].strip() == "- lives in Oslo"  # edited once
+
+
+async def test_a_client_message_id_of_a_tool_turn_used_again_for_another_request_is_409(
+    api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
+) -> None:
+    _, auth = api.new_user()
+    call = weather_call("call_k3", "Rome")
+    question, first = await ask_weather(api, model, auth, call, "ask-3")
+    sid = uuid.UUID(first["memchat"]["session_id"])
+    message = first["choices"][0]["message"]
+    result = {"role": "tool", "tool_call_id": "call_k3", "content": "rain"}
+    model.script({"content": "Rain in Rome."})
+    await complete(api, auth, [question, message, result], tools=[WEATHER_TOOL], **key("res-3"))
+    stored = stored_messages(admin, sid)
+    calls = model.calls
+    for messages, client_message_id in [
+        ([user("Weather in Paris?")], "ask-3"),  # another question
+        ([question, message, result], "ask-3"),  # the question's key on its results
+        ([question, message, {**result, "content": "snow"}], "res-3"),  # other results
+    ]:
+        r = await api.post(
+            URL,
+            json={
+                "model": "memchat",
+                "messages": messages,
+                "tools": [WEATHER_TOOL],
+                **key(client_message_id),
+            },
+            headers=auth,
+        )
+        assert_openai_error(r, 409, "idempotency_conflict")
+    assert model.calls == calls
+    assert stored_messages(admin, sid) == stored
+
+
 # ------------------------------------------------------------- refused
 
 
@@ -308,15 +451,10 @@ async def test_a_field_that_would_change_the_answer_is_refused_naming_it(
             "memchat.recall",
         ),
         (
-            {
-                "model": "memchat",
-                "messages": [user("hi")],
-                "tools": [WEATHER_TOOL],
-                "memchat": {"client_message_id": "k1"},
-            },
-            400,
-            "bad_request",
-            "memchat.client_message_id",
+            {"model": "memchat", "messages": [user("hi")], "memchat": {"search_memory": "yes"}},
+            422,
+            "validation_error",
+            "memchat.search_memory",
         ),
     ],
 )
@@ -520,11 +658,7 @@ async def test_a_streamed_client_tool_call_ends_with_tool_calls(
         "tools": [WEATHER_TOOL],
     }
     chunks = chunks_of((await api.post(URL, json=body, headers=auth)).text)
-    calls = [
-        c["choices"][0]["delta"]["tool_calls"]
-        for c in chunks
-        if c["choices"][0]["delta"].get("tool_calls")
-    ]
+    calls = streamed_tool_calls(chunks)
     assert calls == [[{"index": 0, **call}]]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
@@ -552,22 +686,10 @@ async def test_tool_results_must_answer_the_calls_after_the_last_user_message(
 # ------------------------------------------------------- search_memory
 
 
-def _search_call(query: str) -> dict[str, Any]:
-    return {
-        "tool_calls": [
-            {
-                "id": "call_search",
-                "type": "function",
-                "function": {"name": "search_memory", "arguments": json.dumps({"query": query})},
-            }
-        ]
-    }
-
-
 async def test_search_memory_is_opt_in_and_each_call_is_logged_in_the_turn(
     api: ApiClient, model: FakeOpenAI, admin: psycopg.Connection
 ) -> None:
-    _, auth = api.new_user()
+    user_id, auth = api.new_user()
     # An earlier conversation, in another session.
     await complete(
         api, auth, [user("My dentist is Dr. Moreau")], metadata={"session_id": str(uuid.uuid4())}
@@ -576,7 +698,7 @@ async def test_search_memory_is_opt_in_and_each_call_is_logged_in_the_turn(
     names = [t["function"]["name"] for t in model.requests[-1]["tools"]]
     assert names == ["manage_long_term_memory"]  # not offered unless asked for
 
-    model.script(_search_call("dentist"), {"content": "Dr. Moreau."})
+    model.script(search_call("dentist"), {"content": "Dr. Moreau."})
     answer = await complete(
         api, auth, [user("Who is my dentist?")], memchat={"search_memory": True}
     )
@@ -590,19 +712,11 @@ async def test_search_memory_is_opt_in_and_each_call_is_logged_in_the_turn(
     found = json.loads(tool_result["content"])
     assert found[0]["user"] == "My dentist is Dr. Moreau"
     (search,) = answer["memchat"]["search_memory"]
+    assert answer["memchat"]["memory"]["search_memory"] == [search]
     assert search["query"] == "dentist" and search["status"] == "ok"
-    assert search["message_ids"][0] == found_id(admin, "My dentist is Dr. Moreau")
+    assert search["message_ids"][0] == message_id_of(admin, user_id, "My dentist is Dr. Moreau")
     stored = stored_messages(admin, uuid.UUID(answer["memchat"]["session_id"]))
     assert stored[-1]["data"]["response_metadata"]["memchat"]["search_memory"] == [search]
-
-
-def found_id(admin: psycopg.Connection, text: str) -> int:
-    row = admin.execute(
-        "select id from public.chat_message_history where message->'data'->>'content' = %s",
-        (text,),
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
 
 
 async def test_the_setting_offers_search_memory_unless_a_request_declines(

@@ -150,6 +150,15 @@ def test_the_build_refuses_a_lock_that_lacks_a_dependency(python: str, tmp_path:
     assert "which the lock does not pin" in output, output
 
 
+def test_the_build_refuses_a_lock_without_the_mcp_sdk(python: str, tmp_path: Path) -> None:
+    """Without the MCP SDK the deployed POST /mcp would answer 501: the build fails."""
+    text = LOCK.read_text()
+    without = re.sub(r"(?im)^mcp==\S+ \\\n(?:[ \t]+--hash=\S+(?: \\)?\n)+", "", text)
+    assert without != text and "mcp" not in lock_entries(without)
+    output, _ = build_with_lock(python, without, tmp_path)
+    assert "the MCP SDK is not in the package" in output, output
+
+
 def wheel_target(machine: str, target: Path) -> list[str]:
     """The build's pip options for the runtime's wheels on this machine (its wheel_target)."""
     function = r"^wheel_target\(\) \{.*?\n\s*WHEEL_TARGET=\((.*?)\)\n\}"

@@ -164,8 +164,11 @@ def snapshot(root: Path) -> dict[str, tuple[int, float]]:
     }
 
 
-def import_in_runtime(python: str, search_path: list[Path], root: Path) -> dict[str, Any]:
-    """Import the chat handler in a fresh runtime interpreter, as ChatFunction's init does."""
+def import_in_runtime(
+    python: str, search_path: list[Path], root: Path, module: str = HANDLER_MODULE
+) -> dict[str, Any]:
+    """Import `module` (the chat handler: as ChatFunction's init does) in a
+    fresh runtime interpreter."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(root.parent),
@@ -185,7 +188,7 @@ def import_in_runtime(python: str, search_path: list[Path], root: Path) -> dict[
     }
     result = subprocess.run(
         # -P: the search path is PYTHONPATH's alone (not the working directory first).
-        [python, "-P", "-c", IMPORT_PROBE, str(root), HANDLER_MODULE],
+        [python, "-P", "-c", IMPORT_PROBE, str(root), module],
         capture_output=True,
         text=True,
         cwd=root,
@@ -271,6 +274,18 @@ def test_the_chat_handler_imports_without_compiling_anything(python: str, deploy
         assert expected in loaded, expected
     assert report["compiled"] == [], report["compiled"]
     assert snapshot(deployed) == before  # nothing written, nothing touched
+    # The MCP SDK ships, but loads only when POST /mcp is first requested.
+    assert not [f for f in loaded if f.startswith(("mcp/", "mcp_types/"))]
+
+
+def test_the_package_serves_mcp(python: str, deployed: Path) -> None:
+    """The MCP SDK (the `mcp` extra) is in the package, so the deployed POST /mcp
+    answers MCP instead of 501 mcp_unavailable: what it imports on the first
+    request loads from the package's byte-code."""
+    report = import_in_runtime(python, [deployed], deployed, "mcp.server.mcpserver")
+    loaded = [Path(f).relative_to(deployed).as_posix() for f in report["loaded"]]
+    assert "mcp/server/mcpserver/__init__.py" in loaded, loaded
+    assert report["compiled"] == [], report["compiled"]
 
 
 def test_the_same_check_catches_timestamp_byte_code(
@@ -359,7 +374,7 @@ def test_the_package_ships_exactly_the_pinned_versions(package: Path) -> None:
 
 def test_the_cli_extra_stays_out_of_the_lambda_package() -> None:
     """`memchat login`'s `supabase` (the `cli` extra) is the terminal's, never
-    the Lambda package's: the lock is exactly memchat[stream]'s."""
+    the Lambda package's: the lock is exactly memchat[stream,mcp]'s."""
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
@@ -368,6 +383,17 @@ def test_the_cli_extra_stays_out_of_the_lambda_package() -> None:
     supabase_parts = {"supabase", "supabase-auth", "postgrest", "realtime", "storage3"}
     assert supabase_parts & set(pins()) == set()
     assert "[cli" not in BUILD_SCRIPT.read_text() and ",cli" not in BUILD_SCRIPT.read_text()
+
+
+def test_the_lock_ships_the_mcp_extra() -> None:
+    """POST /mcp needs the MCP SDK where ChatFunction runs: the build installs
+    memchat[stream,mcp] and the lock pins the SDK."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert [r.split(">")[0] for r in extras["mcp"]] == ["mcp"]
+    assert re.search(r'^EXTRAS="stream,mcp"$', BUILD_SCRIPT.read_text(), re.M)
+    assert "mcp" in pins()
 
 
 def test_pyproject_keeps_ranges() -> None:

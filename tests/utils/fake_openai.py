@@ -42,6 +42,19 @@ from memchat.model.embeddings import local_embedding
 DEFAULT_DIMENSIONS = 1536
 
 
+def search_call(query: str) -> dict[str, Any]:
+    """A scripted reply that calls memchat's search_memory tool."""
+    return {
+        "tool_calls": [
+            {
+                "id": "call_search",
+                "type": "function",
+                "function": {"name": "search_memory", "arguments": json.dumps({"query": query})},
+            }
+        ]
+    }
+
+
 def tool_call(operation: str, **arguments: Any) -> dict[str, Any]:
     """A scripted reply that calls manage_long_term_memory."""
     return {

@@ -92,6 +92,17 @@ def stored_messages(admin: psycopg.Connection, session_id: uuid.UUID) -> list[di
     return [r[0] for r in rows]
 
 
+def message_id_of(admin: psycopg.Connection, user_id: uuid.UUID, text: str) -> int:
+    """The id of the user's stored message with this content."""
+    row = admin.execute(
+        "select id from public.chat_message_history"
+        " where user_id = %s and message->'data'->>'content' = %s",
+        (user_id, text),
+    ).fetchone()
+    assert row is not None, text
+    return int(row[0])
+
+
 def contents(admin: psycopg.Connection, session_id: uuid.UUID) -> list[tuple[str, str]]:
     """(type, content) of a session's stored messages, in order."""
     return [(m["type"], m["data"]["content"]) for m in stored_messages(admin, session_id)]

@@ -1,7 +1,8 @@
 """The `search_memory` tool: its schema, and its result as the model reads it.
 
 Offered to the model only when the turn opts in (SEARCH_MEMORY_TOOL, or the
-request's own choice on POST /v1/chat/completions): automatic recall puts a
+request's own choice: `search_memory` on POST /chat, `memchat.search_memory`
+on POST /v1/chat/completions): automatic recall puts a
 few exchanges in every prompt; this lets the model look further back, with
 a query of its own, the way Letta's conversation_search does. The search
 itself is recall's (usecases/recall.py, as GET /memory/search).

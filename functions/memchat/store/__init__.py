@@ -108,7 +108,7 @@ if TYPE_CHECKING:
         summary_lag,
         summary_source,
     )
-    from memchat.store.turns import load_context, record_turn, release_claim
+    from memchat.store.turns import load_context, record_turn, release_claim, stored_turn
 
 # Imported on first use (PEP 562): a process loads only the store modules it
 # calls (the chat function none of the exports', cleanup's or analytics'),
@@ -191,6 +191,7 @@ _WHERE = {
     "set_feedback": "memchat.store.feedback",
     "snapshot": "memchat.store.export",
     "stored_embedding_dimensions": "memchat.store.embeddings",
+    "stored_turn": "memchat.store.turns",
     "summary_done": "memchat.store.summaries",
     "summary_failed": "memchat.store.summaries",
     "summary_lag": "memchat.store.summaries",
@@ -297,6 +298,7 @@ __all__ = [
     "set_feedback",
     "snapshot",
     "stored_embedding_dimensions",
+    "stored_turn",
     "summary_done",
     "summary_failed",
     "summary_lag",

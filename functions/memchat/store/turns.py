@@ -1,4 +1,5 @@
-"""A chat turn's two round trips: load what it starts from, record what it stores.
+"""A chat turn's two round trips: load what it starts from, record what it stores
+(and a third for a retry of a turn with the client's tools: `stored_turn`).
 
 Both halves are SQL functions (migrations *_turn_functions.sql and later):
 PL/pgSQL caches their plans per server connection, pooler-safe.
@@ -7,6 +8,7 @@ PL/pgSQL caches their plans per server connection, pooler-safe.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -40,6 +42,25 @@ RECORD_TURN = (
 _RELEASE_CLAIM = (
     "delete from memchat.turn_claims where user_id = (select auth.uid()) and client_message_id = %s"
 )
+# The message a client_message_id is stored on (a turn's first: the user
+# message, or a continuation's first tool result) and the assistant message
+# that ended its turn: the first after it that is not a round of only
+# memchat's own tool calls (`own`), so an answer or a call of the client's tools.
+_STORED_TURN = """
+select u.id, u.message->>'type', a.id, a.message
+  from public.chat_message_history u
+  join lateral (
+       select x.id, x.message from public.chat_message_history x
+        where x.user_id = u.user_id and x.session_id = u.session_id and x.id > u.id
+          and x.message->>'type' = 'ai'
+          and (coalesce(jsonb_array_length(x.message->'data'->'tool_calls'), 0) = 0
+               or exists (select 1 from jsonb_array_elements(x.message->'data'->'tool_calls') c
+                           where not coalesce(c->>'name' = any(%(own)s), false)))
+        order by x.id
+        limit 1) a on true
+ where u.user_id = (select auth.uid()) and u.session_id = %(session_id)s
+   and u.client_message_id = %(client_message_id)s
+"""
 
 
 async def load_context(
@@ -82,17 +103,24 @@ async def load_context(
         claim_seconds,
         read_max,
     )
-    try:
-        async with db.pipeline(caller.claims) as conn:
-            cur = conn.cursor()
-            await cur.execute(LOAD_CONTEXT, args)
-    except psycopg.Error as exc:
-        raise translate(exc) from exc
-    row = await cur.fetchone()
+    row = await _one_row(db, caller, LOAD_CONTEXT, args)
     assert row is not None
     result: dict[str, Any] = row[0]
     _refuse(result)
     return _context(result, agent_name, read_notes)
+
+
+async def _one_row(
+    db: Database, caller: Caller, statement: str, params: Any
+) -> tuple[Any, ...] | None:
+    """One statement for the caller (one round trip): its first row."""
+    try:
+        async with db.pipeline(caller.claims) as conn:
+            cur = conn.cursor()
+            await cur.execute(statement, params)
+    except psycopg.Error as exc:
+        raise translate(exc) from exc
+    return await cur.fetchone()
 
 
 def _refuse(result: dict[str, Any]) -> None:
@@ -133,6 +161,31 @@ def _context(result: dict[str, Any], agent_name: str, read_notes: bool) -> Conte
         ),
         summary=Summary(summary["text"], int(summary["covers_until"])) if summary else None,
     )
+
+
+async def stored_turn(
+    db: Database,
+    caller: Caller,
+    *,
+    session_id: uuid.UUID,
+    client_message_id: str,
+    own_tools: Iterable[str],
+) -> tuple[str, Replay] | None:
+    """The turn stored with `client_message_id` in the session: the type of
+    the message the key is on (`human`, or `tool` for a continuation's) and
+    the assistant message that ended the turn, an answer or a call of the
+    client's tools (a round of only `own_tools` calls went on); None when no
+    turn has that key. `Replay.user_message_id` is the keyed message's id."""
+    params = {
+        "session_id": session_id,
+        "client_message_id": client_message_id,
+        "own": list(own_tools),
+    }
+    row = await _one_row(db, caller, _STORED_TURN, params)
+    if row is None:
+        return None
+    keyed_id, keyed_type, message_id, message = row
+    return str(keyed_type), Replay(message, int(message_id), int(keyed_id))
 
 
 async def release_claim(db: Database, caller: Caller, client_message_id: str) -> None:

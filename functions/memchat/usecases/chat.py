@@ -25,6 +25,7 @@ from memchat import messages, store
 from memchat.errors import (
     BadRequest,
     DuplicateClientMessage,
+    IdempotencyConflict,
     IdempotencyInFlight,
     NotesConflict,
     PayloadTooLarge,
@@ -69,14 +70,15 @@ class ChatRequest:
     max_history_messages: int | None = None
     client_message_id: str | None = None
     recall_k: int | None = None  # None: MEMORY_RECALL_K
+    # Whether the model gets the search_memory tool (None: SEARCH_MEMORY_TOOL).
+    search_memory: bool | None = None
     # From POST /v1/chat/completions (usecases/completions.py): the client's
     # own instructions (its system messages), after memchat's system prompt;
-    # its tools, offered beside the notes tool; whether the model gets
-    # search_memory; and a continuation: the assistant's call of a client
-    # tool and the client's results, after `message` (already stored).
+    # its tools, offered beside the notes tool; and a continuation: the
+    # assistant's call of a client tool and the client's results, after
+    # `message` (already stored).
     instructions: str = ""
     tools: tuple[dict[str, Any], ...] = ()
-    search_memory: bool = False
     continuation: tuple[dict[str, Any], ...] = ()
 
 
@@ -106,7 +108,6 @@ class ChatResult:
     user_message_id: int | None = None
     # Calls of the client's tools the turn ended with (POST /v1/chat/completions).
     tool_calls: list[ToolCall] = field(default_factory=list)
-    searches: list[dict[str, Any]] = field(default_factory=list)  # search_memory calls
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,10 @@ class TurnMemory:
             {"role": "user", "content": message},
         ]
 
-    def metadata(self, *, notes_updated: bool = False) -> dict[str, Any]:
-        """The response's `memory`."""
+    def metadata(
+        self, *, notes_updated: bool = False, searches: list[dict[str, Any]] | None = None
+    ) -> dict[str, Any]:
+        """The response's `memory` (`searches`: the turn's search_memory calls)."""
         return _memory(
             enabled=True,
             retrieval_ms=self.retrieval_ms,
@@ -141,6 +144,7 @@ class TurnMemory:
             context_tokens=self.fitted.tokens,
             recalled=dataclasses.replace(self.recalled, hits=self.fitted.hits),
             summary_covers_until=self.summary_covers_until,
+            searches=searches or [],
         )
 
 
@@ -208,9 +212,15 @@ class ChatService:
                 early.cancel()
             raise
         retrieval_ms = (time.perf_counter() - started) * 1000
-        if context.replay is not None:
+        try:
+            stored = await self._stored(caller, request, context, retrieval_ms)
+        except BaseException:
+            await self._give_up(caller, request, context)
+            raise
+        if stored is not None:
             assert early is None  # only a turn with a client_message_id has a replay
-            return await _replay(_replayed(context, retrieval_ms), listener)
+            await self._give_up(caller, request, context)
+            return await _replay(stored, listener)
         pending = early or self.recall.start(request.message, k)
         try:
             return await self._answer(
@@ -218,9 +228,48 @@ class ChatService:
             )
         except BaseException:
             pending.cancel()
-            if context.claimed and request.client_message_id:
-                await self._release_claim(caller, request.client_message_id)
+            await self._give_up(caller, request, context)
             raise
+
+    async def _stored(
+        self,
+        caller: store.Caller,
+        request: ChatRequest,
+        context: store.Context,
+        retrieval_ms: float,
+    ) -> ChatResult | None:
+        """A retry's stored turn, replayed (None: not stored). load_context finds
+        the answer of a turn without the client's tools itself; a turn that may
+        have ended with a call of them, or that continues one, is looked up by
+        its end: the answer, or the call (store.stored_turn)."""
+        key = request.client_message_id
+        if key and (request.tools or request.continuation) and context.session is not None:
+            found = await store.stored_turn(
+                self.db,
+                caller,
+                session_id=context.session.id,
+                client_message_id=key,
+                own_tools=conversation.OWN_TOOLS,
+            )
+            if found is not None:
+                keyed, replay = found
+                if keyed != ("tool" if request.continuation else "human"):
+                    raise IdempotencyConflict()  # the key is on another kind of request
+                return _replayed(
+                    context.session, replay, retrieval_ms, continuation=bool(request.continuation)
+                )
+        if context.replay is None:
+            return None
+        assert context.session is not None
+        return _replayed(context.session, context.replay, retrieval_ms)
+
+    async def _give_up(
+        self, caller: store.Caller, request: ChatRequest, context: store.Context
+    ) -> None:
+        """Release the claim load_context took on the client_message_id, if it
+        took one (a turn that failed, or found its answer stored after all)."""
+        if context.claimed and request.client_message_id:
+            await self._release_claim(caller, request.client_message_id)
 
     @property
     def _throttle(self) -> Rate:
@@ -242,7 +291,7 @@ class ChatService:
                     agent_name=request.agent_name,
                     window=self._window(request),
                     client_message_id=request.client_message_id,
-                    message=request.message,
+                    message=self._keyed_text(request),
                     throttle=self._throttle,
                     claim_seconds=self.settings.turn_timeout_seconds + _CLAIM_MARGIN_SECONDS,
                     read_max=self._read_max(request),
@@ -252,6 +301,19 @@ class ChatService:
                     raise
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, _IN_FLIGHT_MAX_PAUSE)
+
+    def _keyed_text(self, request: ChatRequest) -> str:
+        """The text a retry must bring with its client_message_id: that of the
+        message the key is stored on, the turn's first new one (the user
+        message, or a continuation's first tool result)."""
+        return messages.text_of(self._new_messages(request)[0])
+
+    def _offers_search(self, request: ChatRequest) -> bool:
+        """Whether the model gets search_memory: the request's choice, else
+        SEARCH_MEMORY_TOOL."""
+        if request.search_memory is None:
+            return self.settings.search_memory_tool
+        return request.search_memory
 
     def _window(self, request: ChatRequest) -> int:
         return request.max_history_messages or self.settings.memory_max_history_messages
@@ -301,7 +363,7 @@ class ChatService:
                 listener=listener,
                 client_tools=request.tools,
                 search=memory_search.searcher(self.recall, caller, memory.agent_name)
-                if request.search_memory
+                if self._offers_search(request)
                 else None,
             ),
         )
@@ -338,13 +400,12 @@ class ChatService:
             agent_name=memory.agent_name,
             model=outcome.model,
             usage=outcome.usage,
-            memory=memory.metadata(notes_updated=bool(outcome.edits)),
+            memory=memory.metadata(notes_updated=bool(outcome.edits), searches=outcome.searches),
             session=session,
             timings=timings,
             user_message_id=None if request.continuation else session.message_ids[0],
             message_id=session.message_ids[-1],
             tool_calls=outcome.client_calls,
-            searches=outcome.searches,
         )
 
     def _prompt(self, memory: TurnMemory, request: ChatRequest) -> list[dict[str, Any]]:
@@ -475,11 +536,15 @@ class ChatService:
             window=1,
             read_notes=False,
             client_message_id=request.client_message_id,
-            message=request.message,
+            message=self._keyed_text(request),
         )
-        if context.replay is None:
+        try:
+            stored = await self._stored(caller, request, context, ms)
+        finally:
+            await self._give_up(caller, request, context)
+        if stored is None:
             raise DuplicateClientMessage()
-        return _replayed(context, ms)
+        return stored
 
     async def _release_claim(self, caller: store.Caller, client_message_id: str) -> None:
         """Let a retry of a failed turn run at once (else the claim just expires)."""
@@ -626,6 +691,7 @@ def _memory(
     context_tokens: int = 0,
     recalled: Recalled = NOT_RECALLED,
     summary_covers_until: int | None = None,
+    searches: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The response's `memory` metadata."""
     return {
@@ -641,6 +707,7 @@ def _memory(
         "recalled": recalled.as_list(),
         "summary_used": summary_covers_until is not None,
         "summary_covers_until": summary_covers_until,
+        "search_memory": searches or [],
     }
 
 
@@ -664,22 +731,35 @@ async def _replay(result: ChatResult, listener: TurnListener | None) -> ChatResu
     return result
 
 
-def _replayed(context: store.Context, retrieval_ms: float) -> ChatResult:
-    assert context.replay is not None and context.session is not None
-    data = context.replay.message.get("data", {})
+def _replayed(
+    session: store.SessionInfo,
+    replay: store.Replay,
+    retrieval_ms: float,
+    *,
+    continuation: bool = False,
+) -> ChatResult:
+    """A stored turn's end as the turn's result: its answer, or its call of
+    the client's tools (`continuation`: it continued a stored user message)."""
+    from memchat.model.client import ToolCall
+
+    data = replay.message.get("data", {})
     usage = data.get("usage_metadata") or {}
     return ChatResult(
-        answer=messages.text_of(context.replay.message),
-        session_id=context.session.id,
-        agent_name=context.session.agent_name,
+        answer=messages.text_of(replay.message),
+        session_id=session.id,
+        agent_name=session.agent_name,
         model=(data.get("response_metadata") or {}).get("model_name", ""),
         usage={
             "prompt_tokens": usage.get("input_tokens", 0),
             "completion_tokens": usage.get("output_tokens", 0),
         },
         memory=_memory(enabled=True, retrieval_ms=retrieval_ms),
-        session=context.session,
+        session=session,
         replayed=True,
-        message_id=context.replay.message_id,
-        user_message_id=context.replay.user_message_id,
+        message_id=replay.message_id,
+        user_message_id=None if continuation else replay.user_message_id,
+        tool_calls=[
+            ToolCall(call["id"], call["name"], conversation.call_arguments(call))
+            for call in data.get("tool_calls") or ()
+        ],
     )

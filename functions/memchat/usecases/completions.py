@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 from memchat import store
 from memchat.config import AGENT_NAME_PATTERN
 from memchat.errors import BadRequest, InvalidInput, NotFound
-from memchat.model import search_tool, tools
 from memchat.usecases.chat import ChatRequest, one_session_id
+from memchat.usecases.conversation import OWN_TOOLS
 
 if TYPE_CHECKING:
     from memchat.store.db import Database
@@ -45,7 +45,6 @@ MODEL_PREFIX = "memchat"
 DEFAULT_AGENT = "default"
 _AGENT = re.compile(AGENT_NAME_PATTERN)
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-MEMCHAT_TOOLS = frozenset({tools.TOOL_NAME, search_tool.TOOL_NAME})
 
 # Honoured (beside `messages`): read below.
 HONOURED = frozenset(
@@ -134,9 +133,7 @@ async def list_models(db: Database, caller: store.Caller) -> list[str]:
     return sorted(model_id(name) for name in names)
 
 
-def parse(
-    body: Any, *, header_session_id: uuid.UUID | None, search_by_default: bool
-) -> CompletionRequest:
+def parse(body: Any, *, header_session_id: uuid.UUID | None) -> CompletionRequest:
     """The turn a Chat Completions body asks for (400 naming what is refused)."""
     if not isinstance(body, dict):
         raise InvalidInput("body: must be a JSON object.")
@@ -152,13 +149,6 @@ def parse(
     continuation = tuple(checked[last_user + 1 :])
     _check_continuation(last_user, continuation)
     options = _options(body)
-    if options.get("client_message_id") is not None and (continuation or body.get("tools")):
-        # A retry replays the turn's stored answer; a turn that ends with a
-        # call of the client's tools has none to replay.
-        raise BadRequest(
-            "memchat.client_message_id: not with tools or tool results (a turn that"
-            " ends with a call of your tools has no stored answer to replay)."
-        )
     stream = body.get("stream")
     if stream not in (None, True, False):
         raise InvalidInput("stream: must be true or false.")
@@ -174,7 +164,7 @@ def parse(
             if m["role"] in ("system", "developer") and m["content"]
         ),
         tools=_tools(body),
-        search_memory=_flag(options, "search_memory", search_by_default),
+        search_memory=_flag(options, "search_memory"),
         client_message_id=_client_message_id(options),
         continuation=continuation,
     )
@@ -319,7 +309,7 @@ def _tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
         name = function.get("name")
         if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
             raise InvalidInput(f"tools[{i}].function.name: 1-64 letters, digits, _ or -.")
-        if name in MEMCHAT_TOOLS:
+        if name in OWN_TOOLS:
             raise BadRequest(f"tools[{i}].function.name: {name} is memchat's own tool.")
         if any(t["function"]["name"] == name for t in checked):
             raise BadRequest(f"tools[{i}].function.name: {name} is given twice.")
@@ -365,9 +355,10 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def _flag(options: dict[str, Any], name: str, default: bool) -> bool:
-    value = options.get(name, default)
-    if not isinstance(value, bool):
+def _flag(options: dict[str, Any], name: str) -> bool | None:
+    """A boolean option (None: not given, the server's setting applies)."""
+    value = options.get(name)
+    if value is not None and not isinstance(value, bool):
         raise InvalidInput(f"memchat.{name}: must be true or false.")
     return value
 
@@ -438,7 +429,7 @@ def memchat_info(result: ChatResult) -> dict[str, Any]:
         "user_message_id": result.user_message_id,
         "replayed": result.replayed,
         "memory": result.memory,
-        "search_memory": result.searches,
+        "search_memory": result.memory["search_memory"],
     }
 
 

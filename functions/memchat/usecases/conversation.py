@@ -16,6 +16,7 @@ round have run.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from memchat.model.client import Completion, ModelClient, ToolCall
     from memchat.usecases.streaming import TurnListener
 
+# memchat's own tools, run by memchat: a round that calls only these goes on.
+OWN_TOOLS = frozenset({tools.TOOL_NAME, search_tool.TOOL_NAME})
 NO_ROUNDS_LEFT = (
     "I ran out of steps while updating my notes and could not finish my answer; please ask again."
 )
@@ -203,9 +206,21 @@ def _run_tool(call: ToolCall, outcome: Outcome) -> str:
     return result
 
 
+_RAW = "_raw"  # stored arguments that were not a JSON object
+
+
 def _safe_args(call: ToolCall) -> dict[str, Any]:
     """The call's arguments as stored; kept raw when they are not a JSON object."""
     try:
         return call.parsed()
     except ValueError:
-        return {"_raw": call.arguments}
+        return {_RAW: call.arguments}
+
+
+def call_arguments(stored_call: dict[str, Any]) -> str:
+    """A stored call's arguments as JSON text again (the raw text when they
+    were not a JSON object; else the same object, as JSON)."""
+    args = stored_call.get("args") or {}
+    if set(args) == {_RAW} and isinstance(args[_RAW], str):
+        return str(args[_RAW])
+    return json.dumps(args, ensure_ascii=False)

@@ -79,6 +79,7 @@ async def chat(
         max_history_messages=body.max_history_messages,
         client_message_id=body.client_message_id,
         recall_k=body.recall_k,
+        search_memory=body.search_memory,
     )
     if body.stream or sse.wants_stream(request.headers.get("accept")):
         turn = StreamedTurn()

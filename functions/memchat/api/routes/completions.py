@@ -88,9 +88,7 @@ async def create_completion(
     """A chat turn, asked and answered as OpenAI's Chat Completions: the last
     user message is the new one; memchat adds its memory and stores the turn."""
     asked = completions.parse(
-        body,
-        header_session_id=parse_session_id(x_session_id, "X-Session-ID"),
-        search_by_default=state.settings.search_memory_tool,
+        body, header_session_id=parse_session_id(x_session_id, "X-Session-ID")
     )
     if asked.stream:
         # Imported here: most turns through /v1 are not streamed, and none

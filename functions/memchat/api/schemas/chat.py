@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -34,6 +34,12 @@ class ChatBody(BaseModel):
         default=False,
         strict=True,
         description="Answer as Server-Sent Events (as `Accept: text/event-stream`).",
+    )
+    search_memory: bool | None = Field(
+        default=None,
+        strict=True,
+        description="Offer the model the search_memory tool (its calls are in"
+        " `memory.search_memory`); default SEARCH_MEMORY_TOOL.",
     )
 
     _integers = field_validator("max_history_messages", "recall_k", mode="before")(
@@ -69,6 +75,12 @@ class MemoryInfo(BaseModel):
     summary_used: bool = Field(description="The session's rolling summary was in the prompt.")
     summary_covers_until: int | None = Field(
         description="The last message the summary used covers (null: no summary used)."
+    )
+    search_memory: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="The turn's search_memory calls, in order: `query`, `k`, `status`"
+        " and the `message_ids` found (`error` for a call the tool refused); empty in"
+        " a stream's `start` event.",
     )
 
 
