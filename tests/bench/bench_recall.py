@@ -226,7 +226,8 @@ select array(
      where e.user_id = $1 and e.agent_name = $2 and e.model = $3
        and s.status = 'active' and s.expires_at > now()
        and ($4 is null or e.session_id <> $4 or e.message_id < $5)
-       and e.lexemes operator(pg_catalog.@@) $6
+       and e.lexemes operator(pg_catalog.@@)
+           (pg_catalog.quote_literal(memchat.owner_lexeme($1))::tsquery operator(pg_catalog.&&) $6)
      order by ts_rank(e.lexemes, $6, 1) desc, e.message_id desc
      limit $7)
 """

@@ -298,3 +298,61 @@ def test_the_word_list_reads_only_the_callers_rounds(own: Fresh) -> None:
         through_data_api(own.admin, alice.claims) as conn,
     ):
         conn.execute(call, (MODEL,))
+
+
+def lexemes_read(conn: psycopg.Connection) -> tuple[int, int]:
+    """(scans, index entries returned) of the rounds' GIN index so far."""
+    conn.execute("select pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "select idx_scan, idx_tup_read from pg_catalog.pg_stat_user_indexes"
+        " where schemaname = 'memchat' and indexrelname = 'message_embeddings_lexemes_idx'"
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def test_the_word_list_reads_the_callers_rounds_however_many_others_hold_the_words(
+    own: Fresh,
+) -> None:
+    # Every round's lexemes hold its owner's (memchat.owner_lexeme), and
+    # rounds_matching asks the GIN index for the caller's rounds holding a
+    # word: what it reads follows the caller's history, not how many of
+    # everyone's rounds hold the word (migration *_words_by_owner.sql).
+    users = UserFactory(own.admin)
+    alice, bob = users.create(), users.create()
+    rng = random.Random(13)
+    vectors = [unit([rng.gauss(0, 1) for _ in range(DIMS)]) for _ in range(3)]
+    mine = fill(own.admin, alice, vectors, ["my parrot Rio", "the weather", "a parrot again"])
+    fill(own.admin, bob, vectors * 100, ["parrots and more parrots"] * 300)
+    owner = scalar(own.admin, "select memchat.owner_lexeme(%s)", (alice.user_id,))
+    assert owner == "user " + alice.user_id.hex
+    assert (
+        scalar(
+            own.admin,
+            "select count(*) from memchat.message_embeddings"
+            " where not lexemes @@ quote_literal(memchat.owner_lexeme(user_id))::tsquery",
+        )
+        == 0
+    )
+    # Nobody's words make the owner's lexeme, and it never counts as a word.
+    assert scalar(own.admin, "select memchat.any_words(%s)::text", (owner,)) == (
+        f"'user' | '{alice.user_id.hex}'"
+    )
+    # The index is the only way to the rows here (a database of the test's own).
+    own.admin.execute("drop index memchat.message_embeddings_owner_idx")
+    own.admin.execute("analyze memchat.message_embeddings")
+    call = (
+        "select memchat.rounds_matching('default', %s, memchat.any_words('parrot'),"
+        " null, 9223372036854775807, 10)"
+    )
+    scans, read = lexemes_read(own.admin)
+    with acting_as(own.admin, alice.claims) as conn:
+        conn.execute("set local enable_seqscan = off")
+        assert scalar(conn, call, (MODEL,)) == [mine[2], mine[0]]
+    deadline = time.monotonic() + 10
+    while lexemes_read(own.admin)[0] == scans and time.monotonic() < deadline:
+        time.sleep(0.2)
+    now_scans, now_read = lexemes_read(own.admin)
+    assert now_scans > scans, "the GIN index was not used"
+    # Alice's two rounds with the word, not Bob's 300 besides.
+    assert now_read - read == 2
