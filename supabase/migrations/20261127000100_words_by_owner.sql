@@ -70,13 +70,19 @@ update memchat.message_embeddings
  where not coalesce(lexemes operator(pg_catalog.@@)
                     pg_catalog.quote_literal(memchat.owner_lexeme(user_id))::tsquery, false);
 
--- As in migration *_recall_at_scale.sql, the index asked for the owner's
--- rounds holding a word; ranked by the words alone.
-create or replace function memchat.rounds_matching(
-  p_agent_name text, p_model text, p_words tsquery, p_session_id uuid, p_floor bigint,
-  p_limit integer
+-- The owner's rounds of one agent and model in live sessions, outside the
+-- window, whose lexemes match p_owned (the owner's lexeme and p_words),
+-- best first by their rank for p_words: memchat.rounds_matching's list.
+-- Its own function so that the query is a parameter, known when the
+-- statement is planned: the planner reads the words' frequencies (GIN for a
+-- long history, the owner index for a short one) and tests a row against a
+-- value, not an expression made again for every row. Not executable by
+-- users: it trusts p_user_id.
+create function memchat.owned_rounds_matching(
+  p_user_id uuid, p_agent_name text, p_model text, p_words tsquery, p_owned tsquery,
+  p_session_id uuid, p_floor bigint, p_limit integer
 ) returns bigint[]
-language sql stable security definer
+language sql stable
 set search_path = ''
 set enable_bitmapscan = on
 as $$
@@ -84,14 +90,32 @@ as $$
     from (select e.message_id, ts_rank(e.lexemes, p_words, 1) as rank
             from memchat.message_embeddings e
             join public.chat_sessions s on s.id = e.session_id and s.user_id = e.user_id
-           where e.user_id = auth.uid() and e.agent_name = p_agent_name and e.model = p_model
+           where e.user_id = p_user_id and e.agent_name = p_agent_name and e.model = p_model
              and s.status = 'active' and s.expires_at > pg_catalog.now()
              and (p_session_id is null or e.session_id <> p_session_id or e.message_id < p_floor)
-             and e.lexemes operator(pg_catalog.@@)
-                 (pg_catalog.quote_literal(memchat.owner_lexeme(auth.uid()))::tsquery
-                  operator(pg_catalog.&&) p_words)
+             and e.lexemes operator(pg_catalog.@@) p_owned
            order by 2 desc, 1 desc
            limit p_limit) m
+$$;
+revoke all on function memchat.owned_rounds_matching(uuid, text, text, tsquery, tsquery, uuid,
+                                                     bigint, integer) from public;
+
+-- As in migration *_recall_at_scale.sql (the caller's rows only, by the
+-- verified claims' auth.uid(); none without claims), through the owner's
+-- lexeme.
+create or replace function memchat.rounds_matching(
+  p_agent_name text, p_model text, p_words tsquery, p_session_id uuid, p_floor bigint,
+  p_limit integer
+) returns bigint[]
+language sql stable security definer
+set search_path = ''
+as $$
+  select case when auth.uid() is null then '{}'::bigint[] else
+         memchat.owned_rounds_matching(
+           auth.uid(), p_agent_name, p_model, p_words,
+           pg_catalog.quote_literal(memchat.owner_lexeme(auth.uid()))::tsquery
+             operator(pg_catalog.&&) p_words,
+           p_session_id, p_floor, p_limit) end
 $$;
 
 -- Called by memchat.index_round, which runs as whoever inserts the embedding

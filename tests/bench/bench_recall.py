@@ -215,10 +215,11 @@ select array(
      limit $7)
 """
 MEANING_TYPES = "uuid, text, text, uuid, bigint, extensions.vector, integer"
-# The rounds holding the words: $1-$5 as above, $6 v_words, $7 v_depth
+# The rounds holding the words (memchat.owned_rounds_matching): $1-$5 as
+# above, $6 v_words, $7 v_depth, $8 the words with the owner's lexeme
 # (enable_bitmapscan on).
 WORDS = """
-prepare bench_words (uuid, text, text, uuid, bigint, tsquery, integer) as
+prepare bench_words (uuid, text, text, uuid, bigint, tsquery, integer, tsquery) as
 select array(
     select e.message_id
       from memchat.message_embeddings e
@@ -226,12 +227,11 @@ select array(
      where e.user_id = $1 and e.agent_name = $2 and e.model = $3
        and s.status = 'active' and s.expires_at > now()
        and ($4 is null or e.session_id <> $4 or e.message_id < $5)
-       and e.lexemes operator(pg_catalog.@@)
-           (pg_catalog.quote_literal(memchat.owner_lexeme($1))::tsquery operator(pg_catalog.&&) $6)
+       and e.lexemes operator(pg_catalog.@@) $8
      order by ts_rank(e.lexemes, $6, 1) desc, e.message_id desc
      limit $7)
 """
-WORDS_TYPES = "uuid, text, text, uuid, bigint, tsquery, integer"
+WORDS_TYPES = "uuid, text, text, uuid, bigint, tsquery, integer, tsquery"
 # The fused candidates, scored: $1 v_meaning, $2 v_matching, $3 v_period,
 # $4 p_query, $5 p_model (enable_bitmapscan on, as the words list left it).
 FUSED = """
@@ -796,7 +796,13 @@ def explain(admin_url: str, owner: Owner, label: str, words: bool) -> str:
         matching: list[int] = []
         if tsquery is not None:  # the function turns bitmap scans on for the words list
             conn.execute("set local enable_bitmapscan = on")
-            (matching,) = plan("bench_words", WORDS, WORDS_TYPES, (*owner_args, tsquery, depth))[0]
+            row = conn.execute(
+                "select (quote_literal(memchat.owner_lexeme(%s))::tsquery && %s::tsquery)::text",
+                (owner.caller.user_id, tsquery),
+            ).fetchone()
+            owned = row[0] if row else None
+            args = (*owner_args, tsquery, depth, owned)
+            (matching,) = plan("bench_words", WORDS, WORDS_TYPES, args)[0]
         plan("bench_fused", FUSED, FUSED_TYPES, (meaning, matching, [], query, MODEL))
     return f"{label}, {owner.size:,} messages:\n" + "\n\n".join(out)
 

@@ -298,6 +298,16 @@ def test_the_word_list_reads_only_the_callers_rounds(own: Fresh) -> None:
         through_data_api(own.admin, alice.claims) as conn,
     ):
         conn.execute(call, (MODEL,))
+    # The function behind it takes the user as an argument: users may not call it.
+    with (
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+        acting_as(own.admin, alice.claims) as conn,
+    ):
+        conn.execute(
+            "select memchat.owned_rounds_matching(%s, 'default', %s, to_tsquery('parrot'),"
+            " to_tsquery('parrot'), null, 9223372036854775807, 10)",
+            (bob.user_id, MODEL),
+        )
 
 
 def lexemes_read(conn: psycopg.Connection) -> tuple[int, int]:

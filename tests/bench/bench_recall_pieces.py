@@ -1,0 +1,177 @@
+"""Benchmark: what one recall spends its time on, per LongMemEval question.
+
+Run after `bench_longmemeval.py` on a database it leaves filled (a disposable
+DATABASE_URL, e.g. a pgserver started by hand): for each question of the
+file, the user that run imported (found by the haystack's first session id),
+its question embedded with the local all-MiniLM-L6-v2 model, and then, as
+that user (memchat_user with its claims, one transaction each), timed from
+the client (--repeat calls each, the median per question):
+
+- recall: the whole `memchat.recall` statement, as GET /memory/search calls
+  it (k=10, window 0, no session, min score 0, the question's period);
+- count: the history's length from the sessions' counters;
+- nearest: the exact scan by meaning (`memchat.nearest_messages`, depth 20);
+- words: the word list as recall reads it (`memchat.rounds_matching` with
+  `memchat.rarer_words`): the GIN index asked for the caller's rounds
+  holding a word (migration *_words_by_owner.sql);
+- words, every user's rounds: the same list the way it was read before
+  that migration, the index asked for every round holding a word and the
+  caller's picked out after (that function as it was, without the owner's
+  lexeme, in a temporary function): its cost grows with the users in the
+  table;
+- period: the exact scan within the question's period, where it names one.
+
+    DATABASE_URL=... python tests/bench/bench_longmemeval.py
+    DATABASE_URL=... python tests/bench/bench_recall_pieces.py [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: find `tests`
+
+from tests.bench import _common as common
+from tests.bench.bench_longmemeval import DEFAULT_DATA, haystack_time, load, to_import
+
+MODEL = "all-MiniLM-L6-v2"
+DEPTH = 20
+NO_FLOOR = 9223372036854775807
+
+PIECES: dict[str, str] = {
+    "recall": "select memchat.recall(null, 'default', 0, %(q)s::extensions.vector, %(m)s, %(t)s,"
+    " 10, 0.0, %(c)s, %(f)s, %(u)s)",
+    "count": "select coalesce(sum(s.message_count), 0) from public.chat_sessions s"
+    " where s.user_id = auth.uid() and s.agent_name = 'default' and s.status = 'active'"
+    " and s.expires_at > now()",
+    "nearest": "select array(select n.message_id from memchat.nearest_messages(auth.uid(),"
+    " 'default', %(m)s, null, %(floor)s, %(q)s::extensions.vector, %(d)s, null, null) n)",
+    "words": "select memchat.rounds_matching('default', %(m)s, memchat.rarer_words("
+    "memchat.any_words(%(t)s), %(n)s, memchat.words_budget()), null, %(floor)s, %(d)s)",
+    "period": "select array(select n.message_id from memchat.nearest_messages(auth.uid(),"
+    " 'default', %(m)s, null, %(floor)s, %(q)s::extensions.vector, %(d)s, %(f)s, %(u)s) n)",
+}
+# The word list before migration *_words_by_owner.sql: memchat.rounds_matching
+# as migration *_recall_at_scale.sql made it (every round holding a word, the
+# caller's picked out after), as a function of this session's own, called as
+# the new one is.
+EVERY_USERS_FUNCTION = """
+create function pg_temp.rounds_matching_every(
+  p_agent_name text, p_model text, p_words tsquery, p_session_id uuid, p_floor bigint,
+  p_limit integer
+) returns bigint[]
+language sql stable security definer
+set search_path = ''
+set enable_bitmapscan = on
+as $$
+  select coalesce(array_agg(m.message_id order by m.rank desc, m.message_id desc), '{}')
+    from (select e.message_id, ts_rank(e.lexemes, p_words, 1) as rank
+            from memchat.message_embeddings e
+            join public.chat_sessions s on s.id = e.session_id and s.user_id = e.user_id
+           where e.user_id = auth.uid() and e.agent_name = p_agent_name and e.model = p_model
+             and s.status = 'active' and s.expires_at > pg_catalog.now()
+             and (p_session_id is null or e.session_id <> p_session_id or e.message_id < p_floor)
+             and e.lexemes operator(pg_catalog.@@) p_words
+           order by 2 desc, 1 desc
+           limit p_limit) m
+$$
+"""
+EVERY_USERS_WORDS = (
+    "select pg_temp.rounds_matching_every('default', %(m)s, memchat.rarer_words("
+    "memchat.any_words(%(t)s), %(n)s, memchat.words_budget()), null, %(floor)s, %(d)s)"
+)
+
+
+def percentile(values: Sequence[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="a LongMemEval JSON file")
+    parser.add_argument("--repeat", type=int, default=3, help="calls of each piece per question")
+    args = parser.parse_args(argv)
+
+    import os
+
+    import psycopg
+
+    from memchat.model import minilm
+    from memchat.store.db import SET_CLAIMS, claims_params
+    from memchat.store.embeddings import COLLAPSE_SIMILARITY
+    from memchat.store.fragments import vector_literal
+
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        raise SystemExit("DATABASE_URL: the database bench_longmemeval.py filled")
+    from memchat import timeref
+
+    records = load(args.data)
+    vectors = minilm.load().embed([r["question"] for r in records])
+    # As the product connects: no server-side prepared statements.
+    admin = psycopg.connect(url, autocommit=True, prepare_threshold=None)
+    admin.execute(EVERY_USERS_FUNCTION)
+    admin.execute("grant execute on function pg_temp.rounds_matching_every to memchat_user")
+    times: dict[str, list[float]] = {name: [] for name in [*PIECES, "words, every user's"]}
+    users = 0
+    for record, vector in zip(records, vectors, strict=True):
+        document, _ = to_import(record)
+        row = admin.execute(
+            "select s.user_id, (select sum(x.message_count) from public.chat_sessions x"
+            " where x.user_id = s.user_id) from public.chat_sessions s where s.id = %s",
+            (document["sessions"][0]["id"],),
+        ).fetchone()
+        if row is None:
+            continue
+        users += 1
+        user_id, messages = row
+        period = timeref.period_in(record["question"], haystack_time(record["question_date"]))
+        params: dict[str, Any] = {
+            "q": vector_literal([float(x) for x in vector]),
+            "m": MODEL,
+            "t": record["question"],
+            "c": COLLAPSE_SIMILARITY,
+            "f": period.start if period else None,
+            "u": period.end if period else None,
+            "n": int(messages) // 2,
+            "d": DEPTH,
+            "floor": NO_FLOOR,
+        }
+        claims = {"sub": str(user_id), "role": "authenticated"}
+        for name, statement in [*PIECES.items(), ("words, every user's", EVERY_USERS_WORDS)]:
+            if name == "period" and period is None:
+                continue
+            calls = []
+            for _ in range(args.repeat):
+                with admin.transaction():
+                    admin.execute(SET_CLAIMS, claims_params(claims))
+                    started = time.perf_counter()
+                    admin.execute(statement, params).fetchone()
+                    calls.append((time.perf_counter() - started) * 1000)
+            times[name].append(statistics.median(calls))
+    if not users:
+        raise SystemExit("no imported question found: run bench_longmemeval.py on DATABASE_URL")
+    table_users = admin.execute("select count(distinct user_id) from public.chat_sessions")
+    (table_users,) = table_users.fetchone() or (0,)
+    print(common.machine_report(admin, common.Target(url=url, embedded=False)))
+    print(
+        f"{users} questions' users of {table_users} in the table; {args.repeat} calls of each"
+        " piece per question (median), ms from the client"
+    )
+    rows = [
+        [name, len(v), f"{statistics.median(v):.2f}", f"{percentile(v, 0.95):.2f}", f"{max(v):.2f}"]
+        for name, v in times.items()
+        if v
+    ]
+    print(common.format_table(["piece", "questions", "median ms", "p95 ms", "max ms"], rows))
+
+
+if __name__ == "__main__":
+    main()
