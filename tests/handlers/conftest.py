@@ -35,6 +35,7 @@ from urllib.parse import urlencode
 import pytest
 
 from memchat import devtokens
+from memchat.bootstrap import UNUSED_MODULES
 from tests.conftest import JWT_SECRET
 from tests.utils.fake_openai import FakeOpenAI
 
@@ -129,6 +130,12 @@ def body_of(response: dict[str, Any]) -> Any:
 
 
 def _purge_instance_modules() -> None:
+    # What a handler's cold start marks absent (bootstrap.UNUSED_MODULES, None
+    # in sys.modules) is importable again for the rest of the process: the
+    # SAM translator (test_template.py) imports pydantic.v1.
+    for name in UNUSED_MODULES:
+        if name in sys.modules and sys.modules[name] is None:
+            del sys.modules[name]
     for name in list(sys.modules):
         if any(name == m or name.startswith(m + ".") for m in INSTANCE_MODULES):
             del sys.modules[name]
