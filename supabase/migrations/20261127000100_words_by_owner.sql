@@ -6,7 +6,7 @@
 -- words, and the caller's were picked out of them afterwards: a word that
 -- 300 of the caller's rounds hold is in 300 rounds of each other user with a
 -- history like theirs, so the list's cost grew with the number of users (on
--- the LongMemEval database, 4.4 ms median and 14 ms p95 with 150 users,
+-- the LongMemEval database, 4.4 ms median and 14 ms p95 with 180 users,
 -- against 1.3 and 2.8 ms this way: docs/benchmarks.md). With the owner's
 -- lexeme in the query, GIN walks the owner's entry (the caller's rounds) and
 -- skips through the words' entries to them, so what one search reads follows
@@ -65,10 +65,7 @@ end
 $$;
 
 -- The rounds stored so far (the GIN index follows the update).
-update memchat.message_embeddings
-   set lexemes = memchat.owned_lexemes(lexemes, user_id)
- where not coalesce(lexemes operator(pg_catalog.@@)
-                    pg_catalog.quote_literal(memchat.owner_lexeme(user_id))::tsquery, false);
+update memchat.message_embeddings set lexemes = memchat.owned_lexemes(lexemes, user_id);
 
 -- The owner's rounds of one agent and model in live sessions, outside the
 -- window, whose lexemes match p_owned (the owner's lexeme and p_words),
@@ -110,12 +107,12 @@ create or replace function memchat.rounds_matching(
 language sql stable security definer
 set search_path = ''
 as $$
-  select case when auth.uid() is null then '{}'::bigint[] else
-         memchat.owned_rounds_matching(
+  -- Without a user (claims without `sub`) both are null: no row matches.
+  select memchat.owned_rounds_matching(
            auth.uid(), p_agent_name, p_model, p_words,
            pg_catalog.quote_literal(memchat.owner_lexeme(auth.uid()))::tsquery
              operator(pg_catalog.&&) p_words,
-           p_session_id, p_floor, p_limit) end
+           p_session_id, p_floor, p_limit)
 $$;
 
 -- Called by memchat.index_round, which runs as whoever inserts the embedding

@@ -28,6 +28,7 @@ the client (--repeat calls each, the median per question):
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -99,10 +100,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=3, help="calls of each piece per question")
     args = parser.parse_args(argv)
 
-    import os
-
     import psycopg
 
+    from memchat import timeref
     from memchat.model import minilm
     from memchat.store.db import SET_CLAIMS, claims_params
     from memchat.store.embeddings import COLLAPSE_SIMILARITY
@@ -111,7 +111,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     url = os.environ.get("DATABASE_URL")
     if not url:
         raise SystemExit("DATABASE_URL: the database bench_longmemeval.py filled")
-    from memchat import timeref
 
     records = load(args.data)
     vectors = minilm.load().embed([r["question"] for r in records])
@@ -119,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     admin = psycopg.connect(url, autocommit=True, prepare_threshold=None)
     admin.execute(EVERY_USERS_FUNCTION)
     admin.execute("grant execute on function pg_temp.rounds_matching_every to memchat_user")
-    times: dict[str, list[float]] = {name: [] for name in [*PIECES, "words, every user's"]}
+    statements = {**PIECES, "words, every user's": EVERY_USERS_WORDS}
+    times: dict[str, list[float]] = {name: [] for name in statements}
     users = 0
     for record, vector in zip(records, vectors, strict=True):
         document, _ = to_import(record)
@@ -145,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "floor": NO_FLOOR,
         }
         claims = {"sub": str(user_id), "role": "authenticated"}
-        for name, statement in [*PIECES.items(), ("words, every user's", EVERY_USERS_WORDS)]:
+        for name, statement in statements.items():
             if name == "period" and period is None:
                 continue
             calls = []
