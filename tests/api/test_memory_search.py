@@ -121,15 +121,18 @@ async def test_a_word_match_outranks_every_match_by_meaning_alone(
     """Fusion: the one round holding the word is in both lists, so it comes
     first (1/(60+r) + 1/61 > 1/61). The test vectors give every message the
     same similarity to "zoomlens" (0: no shared word), so by meaning alone
-    the newer message wins the tie and the target, imported first, comes
-    last: without the word list another session is first. Fewer messages
-    than the meaning list's depth (20 for k=1), so the target is in it."""
+    the newer message wins the tie and the target, imported first (in a
+    request of its own: one import stores its sessions in the order of their
+    ids, not the file's), comes last: without the word list another session
+    is first. Fewer messages than the meaning list's depth (20 for k=1), so
+    the target is in it."""
     target = [("user", "which camera should I buy", at(5)), ("assistant", "the zoomlens", at(5))]
     noise = [[("user", f"tell me about subject {i} please", at(3))] for i in range(10)]
     for words in (True, False):
         api = custom_api(memory_recall_min_score=-1, memory_recall_words=words)
         _, auth = api.new_user()
-        ids = await import_sessions(api, auth, target, *noise)
+        ids = await import_sessions(api, auth, target)
+        await import_sessions(api, auth, *noise)
         await embedder.run()
         hits = (await search(api, auth, "zoomlens", k=1)).json()["hits"]
         assert ([h["session_id"] for h in hits] == [ids[0]]) is words, words

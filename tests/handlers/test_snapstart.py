@@ -276,7 +276,8 @@ def test_the_import_leaves_to_first_use_what_the_snapshot_warms(
     database_url: str, model: FakeOpenAI
 ) -> None:
     """In a fresh interpreter: importing the chat handler does not import PyJWT or
-    the openai SDK nor build the tokenizer; the before-snapshot hook does all three
+    the openai SDK nor build the tokenizer, nor the routes it serves on demand
+    (/v1, /memory/search, /mcp); the before-snapshot hook does all of them
     (its warm-up requests included) and never imports pydantic.v1."""
     script = """
 import json, sys
@@ -291,7 +292,9 @@ def look(when):
         "tokenizer": bool(tokens._counters),
         "pydantic.v1": sys.modules.get("pydantic.v1") is not None,
         "pydantic_settings": "pydantic_settings" in sys.modules,
+        "on demand": sorted(m for m in ON_DEMAND if m in sys.modules),
     }
+ON_DEMAND = [f"memchat.api.routes.{name}" for name in ("completions", "search", "mcp")]
 look("import")
 snapstart.run_before_snapshot()
 look("snapshot")
@@ -328,8 +331,13 @@ print(json.dumps(seen))
     # Neither is ever imported: FastAPI's pydantic v1 check is told there is
     # none, and the settings are a plain pydantic model (docs/benchmarks.md).
     unused = {"pydantic.v1": False, "pydantic_settings": False}
-    assert seen["import"] == {"jwt": False, "openai": False, "tokenizer": False, **unused}
-    assert seen["snapshot"] == {"jwt": True, "openai": True, "tokenizer": True, **unused}
+    on_demand = sorted(f"memchat.api.routes.{name}" for name in ("completions", "mcp", "search"))
+    assert seen["import"] == {
+        "jwt": False, "openai": False, "tokenizer": False, "on demand": [], **unused
+    }  # fmt: skip
+    assert seen["snapshot"] == {
+        "jwt": True, "openai": True, "tokenizer": True, "on demand": on_demand, **unused
+    }  # fmt: skip
 
 
 def test_the_stream_server_takes_the_adapters_hooks(

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import re
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -168,6 +169,74 @@ def _refusal(request: Request, body_limit: int) -> Response | None:
     return None
 
 
+class RoutesOnDemand:
+    """Routes whose module is imported on the first request to their paths,
+    not when the app is built: the chat function's cold start pays for
+    POST /chat's routes and models only, and /v1, /memory/search and /mcp
+    cost their first request about 30 ms instead (docs/benchmarks.md, "The
+    chat handler's import against its stack").
+
+    `add(prefix, module)`: the module's `router` serves `prefix` and the
+    paths under it, and only those (tests/api/test_routes_on_demand.py holds
+    each module to its prefix). The OpenAPI document includes them all first
+    (`load_all`), so /openapi.json, the docs and SnapStart's warm-up see and
+    build every route.
+    """
+
+    def __init__(self, app: FastAPI) -> None:
+        self._app = app
+        self._pending: dict[str, str] = {}
+
+    def add(self, prefix: str, module: str) -> None:
+        self._pending[prefix] = module
+
+    @property
+    def pending(self) -> dict[str, str]:
+        """Prefix -> module of the routes not included yet."""
+        return dict(self._pending)
+
+    def load_for(self, path: str) -> None:
+        """Includes the routes that may serve `path`, if they are not yet."""
+        for prefix in [p for p in self._pending if path == p or path.startswith(p + "/")]:
+            self._include(prefix)
+
+    def load_all(self) -> None:
+        for prefix in list(self._pending):
+            self._include(prefix)
+
+    def _include(self, prefix: str) -> None:
+        # Synchronous from the lookup to the include: no other request of
+        # this event loop runs in between, so a module is included once.
+        module = importlib.import_module(self._pending.pop(prefix))
+        self._app.include_router(module.router)
+        self._app.openapi_schema = None  # built again, with these routes
+
+    def install(self) -> None:
+        """The OpenAPI document is built with every route."""
+        document = self._app.openapi
+
+        def openapi() -> dict[str, Any]:
+            self.load_all()
+            return document()
+
+        self._app.openapi = openapi  # type: ignore[method-assign]
+
+
+class LoadRoutes:
+    """Includes a request's routes on demand (RoutesOnDemand) before anything
+    routes it or names its route; outermost, so a request refused early (a
+    413) is logged with its route too."""
+
+    def __init__(self, app: ASGIApp, routes: RoutesOnDemand) -> None:
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.routes.pending:
+            self.routes.load_for(scope.get("path", ""))
+        await self.app(scope, receive, send)
+
+
 UNMATCHED = "(unmatched)"  # the route of a request no route matched (a 404)
 # A response that says the caller is not authenticated (the token failed, its
 # keys could not be fetched, the account is gone): no user id in its line.
@@ -266,6 +335,8 @@ def create_app(settings: Settings, state: AppState) -> FastAPI:
     docs.install(app)
     app.state.memchat = state
     errors.install(app)
+    on_demand = RoutesOnDemand(app)
+    on_demand.install()
     limits = BodyLimits()
     if settings.serves("sessions"):
         from memchat.api.routes import imports
@@ -295,12 +366,13 @@ def create_app(settings: Settings, state: AppState) -> FastAPI:
 
     app.include_router(health.router)
     if settings.serves("chat"):
-        from memchat.api.routes import chat, completions, mcp, search
+        from memchat.api.routes import chat
 
         app.include_router(chat.router)
-        app.include_router(search.router)
-        app.include_router(completions.router)  # /v1: OpenAI-compatible
-        app.include_router(mcp.router)  # memory as MCP tools (the SDK loads on first use)
+        # Served here too, each imported on its first request (RoutesOnDemand).
+        on_demand.add("/memory/search", "memchat.api.routes.search")
+        on_demand.add("/v1", "memchat.api.routes.completions")  # OpenAI-compatible
+        on_demand.add("/mcp", "memchat.api.routes.mcp")  # memory as MCP tools
     if settings.serves("sessions"):
         from memchat.api.routes import clear
 
@@ -318,4 +390,6 @@ def create_app(settings: Settings, state: AppState) -> FastAPI:
         app.include_router(stats.router)
         app.include_router(memory.router)
         app.include_router(account.router)
+    # Outermost (added last): the routes are there before anything looks for them.
+    app.add_middleware(LoadRoutes, routes=on_demand)
     return app
