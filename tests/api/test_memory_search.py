@@ -203,6 +203,44 @@ async def test_a_turns_message_gets_its_fact_keys_from_the_worker_later(
     assert status.json()["embeddings_pending"] == 0
 
 
+async def test_making_a_messages_fact_keys_leaves_its_embedding_row_as_it_was(
+    api: ApiClient, embedder: Embedder, admin: psycopg.Connection
+) -> None:
+    """The keys are marked made in memchat.message_facts_made: the message's
+    embedding row (its vector and lexemes, 3-4 KB) is not written again, so
+    no second version of it reaches the table's indexes (migration
+    *_facts_made.sql)."""
+    user_id, auth = api.new_user()
+    await chat(api, auth, LONG)
+    version = (
+        "select e.ctid::text, e.xmin::text, e.facts_model from memchat.message_embeddings e"
+        " where e.user_id = %s"
+    )
+    before = admin.execute(version, (user_id,)).fetchone()
+    assert before is not None and before[2] is None  # its fact keys are due
+
+    await embedder.run()
+
+    assert admin.execute(version, (user_id,)).fetchone() == before
+    made = admin.execute(
+        "select m.model = e.model, m.user_id = e.user_id from memchat.message_facts_made m"
+        " join memchat.message_embeddings e using (message_id) where e.user_id = %s",
+        (user_id,),
+    ).fetchall()
+    assert made == [(True, True)]
+    # Made: nothing is due for the message any more.
+    due = admin.execute(
+        "select count(*) from public.chat_sessions s,"
+        " memchat.unembedded_messages(s.user_id, s.id, null) u where s.user_id = %s",
+        (user_id,),
+    ).fetchone()
+    assert due == (0,)
+    # The marker goes with its message, as the keys do.
+    assert (await api.delete("/me", headers=auth)).status_code == 200
+    markers = "select count(*) from memchat.message_facts_made where user_id = %s"
+    assert admin.execute(markers, (user_id,)).fetchone() == (0,)
+
+
 async def test_a_message_saying_one_thing_needs_no_fact_keys(
     api: ApiClient, admin: psycopg.Connection
 ) -> None:
@@ -361,7 +399,9 @@ async def test_fact_keys_can_be_turned_off(
     assert run.embedded == 1 and run.finished
     row = admin.execute(
         "select (select count(*) from memchat.message_facts f where f.user_id = e.user_id),"
-        " e.facts_model = e.model from memchat.message_embeddings e where e.user_id = %s",
+        " (select m.model = e.model from memchat.message_facts_made m"
+        "   where m.message_id = e.message_id)"
+        " from memchat.message_embeddings e where e.user_id = %s",
         (user_id,),
     ).fetchone()
     assert row == (0, True)  # done, with no keys: nothing stays queued

@@ -27,6 +27,7 @@ import psycopg
 import pytest
 
 from memchat import messages, store
+from memchat.auth import Caller
 from memchat.model import minilm
 from memchat.store.db import Database
 from tests.utils.analytics_data import Fresh, fresh_database
@@ -136,6 +137,20 @@ def own_database(
     """A migrated database of this test's own: its column may change size."""
     with fresh_database(admin, admin_url, role_password) as database:
         yield database
+
+
+async def with_an_old_embedding(database: Fresh) -> tuple[psycopg.Connection[Any], Caller]:
+    """A user with one exchange whose message has a vector(512) embedding of
+    text-embedding-3-small, as stored before the column changed size."""
+    owner = database.admin
+    alice = UserFactory(owner).create()
+    api = Database(database.api_url)
+    try:
+        session = await record(api, alice, exchange(FACT, "noted"))
+    finally:
+        await api.close()
+    store_old_embedding(owner, alice.user_id, session.id)
+    return owner, alice
 
 
 @pytest.fixture
@@ -276,6 +291,23 @@ async def test_reembed_local_embeds_what_lacks_an_embedding_once(
     assert embedded(owner, alice.user_id) == {
         text: (MODEL, DIMS) for text in (FACT, UNRELATED, QUESTION)
     }
+
+
+async def test_resizing_the_column_takes_the_fact_key_marks_of_what_it_deletes(
+    own_database: Fresh,
+) -> None:
+    owner, alice = await with_an_old_embedding(own_database)
+    # Its fact keys marked made with that embedding (migration *_facts_made.sql).
+    marked = owner.execute(
+        "insert into memchat.message_facts_made (message_id, user_id, model)"
+        " select e.message_id, e.user_id, e.model from memchat.message_embeddings e"
+        " where e.user_id = %s",
+        (alice.user_id,),
+    )
+    assert marked.rowcount == 1
+    assert store.resize_embeddings(owner, DIMS) == 1
+    # Its embedding is gone (another size), and so is the mark.
+    assert value(owner, "select count(*) from memchat.message_facts_made") == 0
 
 
 async def test_reembed_refuses_to_run_with_no_embeddings_provider(
@@ -424,14 +456,7 @@ def _user_of(database: Fresh, turn: dict[str, Any]) -> uuid.UUID:
 async def test_dev_with_local_embeddings_refuses_a_column_holding_another_size(
     own_database: Fresh, tmp_path: Path
 ) -> None:
-    owner = own_database.admin
-    alice = UserFactory(owner).create()
-    api = Database(own_database.api_url)
-    try:
-        session = await record(api, alice, exchange(FACT, "noted"))
-    finally:
-        await api.close()
-    store_old_embedding(owner, alice.user_id, session.id)
+    owner, _ = await with_an_old_embedding(own_database)
     env = env_for(
         tmp_path / "home",
         DATABASE_URL=own_database.admin_url,

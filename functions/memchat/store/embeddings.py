@@ -29,6 +29,11 @@ _EMBEDDING_DIMENSIONS = "select memchat.embedding_dimensions()"
 # The tables holding embeddings: the messages' and their fact keys'.
 _VECTOR_TABLES = ("message_embeddings", "message_facts")
 _DROP_OTHER_SIZES = sql.SQL("delete from memchat.{} where extensions.vector_dims(embedding) <> %s")
+# A message's fact keys were made (migration *_facts_made.sql) only while its
+# embedding is there: the marker goes with it.
+_DROP_MARKERS_WITHOUT_EMBEDDING = """
+delete from memchat.message_facts_made m
+ where not exists (select 1 from memchat.message_embeddings e where e.message_id = m.message_id)"""
 _RESIZE = sql.SQL("alter table memchat.{} alter column embedding type extensions.vector({})")
 _KEEP_IN_ROW = sql.SQL("alter table memchat.{} alter column embedding set storage main")
 # The HNSW indexes (migration *_recall_at_scale.sql) go before the type change
@@ -149,6 +154,7 @@ def resize_embeddings(conn: psycopg.Connection[Any], dimensions: int) -> int:
                 deleted = rows
             conn.execute(_RESIZE.format(table, sql.Literal(dimensions)))
             conn.execute(_KEEP_IN_ROW.format(table))
+        conn.execute(_DROP_MARKERS_WITHOUT_EMBEDDING)
         conn.execute(_INDEX_RECALL_KEYS)
     return deleted
 
