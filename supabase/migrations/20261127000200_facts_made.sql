@@ -8,11 +8,9 @@
 -- 3-4 KB, two to a page: the update could never stay on its page (no HOT
 -- update), so every message the backfill embedded got a second row version
 -- and a second entry in each of the table's indexes - the owner index, the
--- primary key, the lexemes' GIN index and the HNSW graph. The backfill paid for those inserts, and the
--- first recall over the messages paid again: its scans met the dead
--- versions and had to visit them (LongMemEval: the first search of a
--- just-imported history slower than the same search repeated,
--- docs/benchmarks.md). A narrow row of its own says the same.
+-- primary key, the lexemes' GIN index and the HNSW graph - which the
+-- backfill paid to insert and a first search had to step over
+-- (docs/benchmarks.md). A narrow row of its own says the same.
 --
 -- `facts_model` keeps its meaning where the row is inserted: the model, when
 -- the message says one thing (no fact keys to make); null when the backfill

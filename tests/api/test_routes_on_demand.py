@@ -7,12 +7,12 @@ a 405 naming the methods, the error shapes, the OpenAPI document."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from fastapi import FastAPI
 
-from memchat.api.main import RoutesOnDemand
+from memchat.api.main import RoutesOnDemand, flat_routes
 from memchat.config import Settings
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import assert_error
@@ -25,15 +25,7 @@ ON_DEMAND = {
 
 
 def paths(app: FastAPI) -> set[str]:
-    def flat(routes: list) -> Iterator[str]:  # type: ignore[type-arg]
-        for route in routes:
-            included = getattr(getattr(route, "original_router", None), "routes", None)
-            if included is None:
-                yield route.path
-            else:
-                yield from flat(included)
-
-    return set(flat(app.router.routes))
+    return {str(getattr(route, "path", "")) for route in flat_routes(app.router.routes)}
 
 
 @pytest.fixture

@@ -45,6 +45,7 @@ from pydantic import TypeAdapter
 
 from memchat import bootstrap, secrets
 from memchat.api import streamed as stream
+from memchat.api.main import flat_routes
 from memchat.config import ROUTE_GROUPS, Settings, parse_route_groups, secret_settings
 from memchat.handlers import stream as server
 from tests.handlers.conftest import FakeContext, LambdaRuntime, body_of, route_event, token_for
@@ -383,14 +384,9 @@ async def test_template_routes_are_the_apps_routes(settings: Settings) -> None:
         assert (state.model is not None) == ("chat" in groups), groups
         documented = {(m.upper(), path) for path, methods in paths.items() for m in methods}
         # POST /mcp speaks MCP's JSON-RPC, outside the OpenAPI document.
-        routes = [  # an included router is one entry of newer FastAPI's app.routes
-            inner
-            for route in app.routes
-            for inner in getattr(getattr(route, "original_router", None), "routes", [route])
-        ]
         protocol = {
             (method, route.path)
-            for route in routes
+            for route in flat_routes(app.routes)
             if isinstance(route, APIRoute) and route.tags == ["mcp"]
             for method in route.methods
         }

@@ -180,12 +180,19 @@ class RoutesOnDemand:
     paths under it, and only those (tests/api/test_routes_on_demand.py holds
     each module to its prefix). The OpenAPI document includes them all first
     (`load_all`), so /openapi.json, the docs and SnapStart's warm-up see and
-    build every route.
+    build every route: built after errors.install, whose document it wraps.
     """
 
     def __init__(self, app: FastAPI) -> None:
         self._app = app
         self._pending: dict[str, str] = {}
+        document = app.openapi
+
+        def openapi() -> dict[str, Any]:
+            self.load_all()
+            return document()
+
+        app.openapi = openapi  # type: ignore[method-assign]
 
     def add(self, prefix: str, module: str) -> None:
         self._pending[prefix] = module
@@ -197,6 +204,8 @@ class RoutesOnDemand:
 
     def load_for(self, path: str) -> None:
         """Includes the routes that may serve `path`, if they are not yet."""
+        if not self._pending:  # every request once all are in
+            return
         for prefix in [p for p in self._pending if path == p or path.startswith(p + "/")]:
             self._include(prefix)
 
@@ -211,16 +220,6 @@ class RoutesOnDemand:
         self._app.include_router(module.router)
         self._app.openapi_schema = None  # built again, with these routes
 
-    def install(self) -> None:
-        """The OpenAPI document is built with every route."""
-        document = self._app.openapi
-
-        def openapi() -> dict[str, Any]:
-            self.load_all()
-            return document()
-
-        self._app.openapi = openapi  # type: ignore[method-assign]
-
 
 class LoadRoutes:
     """Includes a request's routes on demand (RoutesOnDemand) before anything
@@ -232,7 +231,7 @@ class LoadRoutes:
         self.routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.routes.pending:
+        if scope["type"] == "http":
             self.routes.load_for(scope.get("path", ""))
         await self.app(scope, receive, send)
 
@@ -269,7 +268,7 @@ def _route_of(scope: Scope) -> BaseRoute | None:
     if served is not None:
         return served
     partial = None
-    for route in _flat(getattr(getattr(scope.get("app"), "router", None), "routes", ())):
+    for route in flat_routes(getattr(getattr(scope.get("app"), "router", None), "routes", ())):
         match, _ = route.matches(scope)
         if match == Match.FULL:
             return route
@@ -278,7 +277,7 @@ def _route_of(scope: Scope) -> BaseRoute | None:
     return partial
 
 
-def _flat(routes: Iterable[BaseRoute]) -> Iterator[BaseRoute]:
+def flat_routes(routes: Iterable[BaseRoute]) -> Iterator[BaseRoute]:
     """Every route, those of included routers too (newer FastAPI keeps an
     included router as one entry; its routes have no prefix here)."""
     for route in routes:
@@ -286,7 +285,7 @@ def _flat(routes: Iterable[BaseRoute]) -> Iterator[BaseRoute]:
         if included is None:
             yield route
         else:
-            yield from _flat(included)
+            yield from flat_routes(included)
 
 
 def _verified_user(request: Request, status: int) -> str | None:
@@ -336,7 +335,6 @@ def create_app(settings: Settings, state: AppState) -> FastAPI:
     app.state.memchat = state
     errors.install(app)
     on_demand = RoutesOnDemand(app)
-    on_demand.install()
     limits = BodyLimits()
     if settings.serves("sessions"):
         from memchat.api.routes import imports
