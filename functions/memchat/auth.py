@@ -183,6 +183,25 @@ class TokenVerifier:
             raise Unauthorized(_WRONG_ALGORITHM)  # only ES256 and RS256 keys
         return signing_key.key, [algorithm]
 
+    def needs_key_fetch(self, token: str) -> bool:
+        """Whether verifying `token` may fetch the project's key set (a
+        request to Supabase, up to `jwks_timeout` seconds): not for an HS256
+        token with the secret, a token verify refuses from its header alone,
+        or a kid in a cached set that is still fresh. The API verifies such
+        tokens on the event loop and the others in a thread."""
+        import jwt
+
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError:
+            return False
+        if (header.get("alg") == "HS256" and self._secret) or self._jwks_url is None:
+            return False
+        cache = self._jwks.jwk_set_cache if self._jwks is not None else None
+        cached = cache.get() if cache is not None else None  # None once expired
+        kid = header.get("kid")
+        return cached is None or not any(key.key_id == kid for key in cached.keys)
+
     def verify(self, token: str) -> Caller:
         """The caller behind a Supabase access token; raises Unauthorized, or
         AuthUnavailable when the project's signing keys cannot be fetched."""

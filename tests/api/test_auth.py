@@ -28,7 +28,7 @@ from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 from memchat import bootstrap, devtokens
 from memchat.api.main import create_app
 from memchat.auth import TokenVerifier
-from tests.conftest import JWT_SECRET, make_settings
+from tests.conftest import JWT_SECRET, UNUSED_DATABASE, make_settings
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import assert_error, chat
 from tests.utils.fake_openai import FakeOpenAI
@@ -186,6 +186,7 @@ class JwksServer:
     def __init__(self) -> None:
         self.keys: list[dict[str, Any]] = []
         self.hits = 0
+        self.last_hit_at = 0.0  # time.perf_counter() when the last request came
         self.status = 200
         self.body: bytes | None = None
         self.delay = 0.0
@@ -199,6 +200,7 @@ class JwksServer:
                 if self.path != JWKS_PATH:
                     self.send_error(404)
                     return
+                server.last_hit_at = time.perf_counter()
                 server.hits += 1
                 time.sleep(server.delay)
                 data = server.body
@@ -519,6 +521,44 @@ async def test_cached_keys_keep_working_while_the_jwks_is_down(
     await chat(jwks_api, bearer(token), "fetches the keys")
     jwks.status = 500
     await chat(jwks_api, bearer(token), "from the cached keys")
+    assert jwks.hits == 1
+
+
+async def test_fetching_the_key_set_holds_up_no_other_request(
+    jwks_api: ApiClient, jwks: JwksServer, es256: SigningKey, user_id: uuid.UUID
+) -> None:
+    """Verification runs on the event loop (no thread per request), except
+    when it may fetch the project's keys: that request waits in a thread, and
+    the others go on meanwhile."""
+    jwks.delay = 1.0
+    token = es256.sign(claims_for(user_id, iss=issuer(jwks)))
+    slow = asyncio.create_task(chat(jwks_api, bearer(token), "waits for the keys"))
+    while jwks.hits == 0:  # the fetch has begun
+        await asyncio.sleep(0.01)
+    assert (await jwks_api.get("/health")).status_code == 200
+    # Answered while the key set was still on its way (1 s).
+    assert time.perf_counter() - jwks.last_hit_at < 0.5
+    assert not slow.done()
+    await slow
+    assert jwks.hits == 1
+
+
+def test_a_verifier_knows_when_a_token_needs_the_key_set_fetched(
+    jwks: JwksServer, es256: SigningKey, user_id: uuid.UUID
+) -> None:
+    settings = make_settings(UNUSED_DATABASE, "http://127.0.0.1:9", supabase_url=jwks.url)
+    verifier = TokenVerifier(settings, jwks_lifespan=0.3)
+    claims = claims_for(user_id, iss=issuer(jwks))
+    token = es256.sign(claims)
+    hs256 = jwt.encode(claims, JWT_SECRET, algorithm="HS256")
+    assert not verifier.needs_key_fetch(hs256)  # the secret verifies it
+    assert not verifier.needs_key_fetch("not a token")  # refused from its header
+    assert verifier.needs_key_fetch(token)  # nothing cached yet
+    verifier.verify(token)
+    assert not verifier.needs_key_fetch(token)  # its kid is in the cached set
+    assert verifier.needs_key_fetch(SigningKey("ES256").sign(claims))  # a kid not in it
+    time.sleep(0.35)
+    assert verifier.needs_key_fetch(token)  # the cached set has expired
     assert jwks.hits == 1
 
 

@@ -14,6 +14,7 @@ import base64
 import logging
 import math
 import socket
+import struct
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -71,7 +72,7 @@ async def test_embed_returns_a_unit_vector_of_embedding_dimensions(
             "model": "text-embedding-3-small",
             "input": TEXT,
             "dimensions": 512,
-            "encoding_format": "float",
+            "encoding_format": "base64",
         }
     ]
     assert model.calls == 0 and model.requests == []  # chat counters untouched
@@ -89,7 +90,7 @@ async def test_the_request_carries_the_configured_model_and_dimensions(
     assert (request["model"], request["dimensions"], request["encoding_format"]) == (
         "nomic-embed-text",
         64,
-        "float",
+        "base64",
     )
 
 
@@ -169,6 +170,13 @@ async def test_chat_keeps_its_retries_after_an_embedding_failed(
 
 HTML = "<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>"
 
+
+def float32s(values: list[float]) -> str:
+    """`values` as an OpenAI-compatible server sends them for `encoding_format:
+    base64`: little-endian float32s, base64-encoded."""
+    return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode()
+
+
 FAILURES: dict[str, dict[str, Any]] = {
     # HTTP errors: not retried, although the client's OPENAI_MAX_RETRIES is 2.
     "http-500": {"status": 500},
@@ -210,6 +218,13 @@ FAILURES: dict[str, dict[str, Any]] = {
     "vector-too-short": {"vector": [0.1] * 511},
     "vector-too-long": {"vector": [0.1] * 513},
     "ignores-dimensions": {"dimensions": 1536},
+    # The vector as base64 (float32 bytes, what memchat asks for).
+    "base64-invalid": {"vector": "not base64!"},
+    "base64-partial-float": {"vector": base64.b64encode(bytes(4 * 511 + 2)).decode()},
+    "base64-nan": {"vector": float32s([math.nan] + [0.1] * 511)},
+    "base64-infinity": {"vector": float32s([0.1] * 511 + [math.inf])},
+    "base64-too-short": {"vector": float32s([0.1] * 511)},
+    "base64-all-zeros": {"vector": float32s([0.0] * 512)},
 }
 
 
@@ -232,6 +247,67 @@ async def test_a_failure_is_embedding_unavailable_after_one_request(
     warnings = [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
     assert [getattr(r, "reason", None) for r in warnings] == [raised.value.reason]
     assert_not_logged(caplog, TEXT)
+
+
+async def test_embeddings_are_asked_for_as_base64_and_read_as_either(
+    model: FakeOpenAI, model_client_for: Callable[..., ModelClient]
+) -> None:
+    """base64 (a quarter of the floats' JSON, nothing parsed number by number)
+    is asked for; a provider that sends floats anyway is read as well."""
+    client = model_client_for(model.url, embedding_dimensions=4)
+    model.script_embeddings({"vector": float32s([3.0, 0.0, -4.0, 0.0])}, {"vector": [0, 3, 0, 4]})
+    assert await client.embed("a", "query") == pytest.approx([0.6, 0.0, -0.8, 0.0])
+    assert await client.embed("b", "query") == pytest.approx([0.0, 0.6, 0.0, 0.8])
+    assert [r["encoding_format"] for r in model.embedding_requests] == ["base64", "base64"]
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        {"status": 400, "error": "encoding_format must be 'float'"},
+        # A FastAPI server's validation error names the field in `loc`.
+        {"status": 422, "raw": '{"detail": [{"loc": ["body", "encoding_format"]}]}'},
+        {"status": 400, "error": "base64 is not supported"},
+    ],
+    ids=["names-the-field", "validation-error", "names-the-value"],
+)
+async def test_a_provider_that_refuses_base64_is_asked_for_floats_from_then_on(
+    client: ModelClient,
+    model: FakeOpenAI,
+    caplog: pytest.LogCaptureFixture,
+    refusal: dict[str, Any],
+) -> None:
+    model.script_embeddings(refusal)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        first = await client.embed(TEXT, "query")
+        second = await client.embed("another text", "document")
+        batch = await client.embed_many(["one", "two"], "document")
+    assert first == pytest.approx(local_embedding(TEXT, 512))
+    assert second == pytest.approx(local_embedding("another text", 512))
+    assert batch == [pytest.approx(local_embedding(t, 512)) for t in ("one", "two")]
+    # The refused request, its retry as floats, then floats only.
+    assert [r["encoding_format"] for r in model.embedding_requests] == [
+        "base64",
+        "float",
+        "float",
+        "float",
+    ]
+    [warning] = [r for r in caplog.records if r.name == LOGGER]
+    assert "floats" in warning.getMessage()
+    assert_not_logged(caplog, TEXT)
+
+
+async def test_a_refusal_of_the_input_is_not_taken_for_one_of_base64(
+    client: ModelClient, model: FakeOpenAI
+) -> None:
+    """Only an answer naming the encoding switches to floats: any other 4xx is
+    the input's, reported after one request, and base64 stays."""
+    model.script_embeddings({"status": 400, "error": "input too long"}, {"status": 422})
+    for _ in range(2):
+        with pytest.raises(EmbeddingUnavailable, match="HTTP 4"):
+            await client.embed(TEXT, "query")
+    await client.embed(TEXT, "query")
+    assert [r["encoding_format"] for r in model.embedding_requests] == ["base64"] * 3
 
 
 async def test_http_errors_name_their_status(client: ModelClient, model: FakeOpenAI) -> None:

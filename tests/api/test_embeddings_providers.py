@@ -52,7 +52,7 @@ async def test_embed_many_is_one_request_in_the_texts_order(
             "model": "text-embedding-3-small",
             "input": TEXTS,
             "dimensions": 64,
-            "encoding_format": "float",
+            "encoding_format": "base64",
         }
     ]
 

@@ -98,8 +98,9 @@ def world(admin: psycopg.Connection, users: UserFactory) -> World:
 
 @pytest.fixture
 def conn(database_url: str) -> Iterator[psycopg.Connection]:
-    """The API's login (`memchat_api`); `acting_as` switches to a user's role."""
-    with psycopg.connect(database_url, autocommit=True) as connection:
+    """The API's login (`memchat_api`), connected as the store connects (its
+    parameters' adapters included); `acting_as` switches to a user's role."""
+    with store.connect(database_url) as connection:
         yield connection
 
 

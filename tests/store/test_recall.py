@@ -296,3 +296,28 @@ async def test_an_embedding_of_unknown_model_is_never_recalled(
         (info.message_ids[0],),
     )
     assert await recall(db, alice, unit(1), min_score=-1) == []
+
+
+@pytest.mark.parametrize(
+    "vector",
+    [unit(1), unit(0.25, -1e-7, 3e-39, 1.5), [1e38, -3.4e38, 0.1, -0.0] + [0.0] * (DIMS - 4)],
+    ids=["axis", "tiny-and-subnormal", "extremes"],
+)
+def test_a_vector_parameter_reaches_pgvector_as_its_float32s(
+    admin_url: str, vector: list[float]
+) -> None:
+    """A turn's vector is sent binary (fragments.Vector, on every connection
+    the store makes): pgvector reads the same float32s the text form gives
+    it, coordinate for coordinate, and None is NULL."""
+    with store.connect(admin_url) as conn:
+        both = conn.execute(
+            "select %s::extensions.vector::real[], %s::extensions.vector::real[]",
+            (store.fragments.vector_param(vector), store.fragments.vector_literal(vector)),
+        ).fetchone()
+        assert both is not None
+        binary, text = both
+        assert binary == text and len(binary) == DIMS
+        (null,) = conn.execute(
+            "select %s::extensions.vector is null", (store.fragments.vector_param(None),)
+        ).fetchone()
+        assert null is True

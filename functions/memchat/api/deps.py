@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import QueryParams
 
 from memchat.api.state import AppState
@@ -14,8 +15,12 @@ from memchat.auth import Caller
 from memchat.config import AGENT_NAME_PATTERN
 from memchat.errors import BadRequest, InvalidInput, Unauthorized
 
+# Dependencies are `async def`: FastAPI runs a plain `def` in a worker thread,
+# two thread hand-offs per request (about 0.6 ms of a turn's time to first
+# words on 2 CPUs; docs/benchmarks.md).
 
-def get_state(request: Request) -> AppState:
+
+async def get_state(request: Request) -> AppState:
     state: AppState = request.app.state.memchat
     return state
 
@@ -36,14 +41,19 @@ _bearer = HTTPBearer(
 USER_ID_STATE = "memchat_user_id"  # the verified caller's id, for the request's log line
 
 
-def current_user(
+async def current_user(
     request: Request,
     state: State,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Caller:
     if credentials is None:
         raise Unauthorized()
-    caller = state.verifier.verify(credentials.credentials)
+    token, verifier = credentials.credentials, state.verifier
+    if verifier.needs_key_fetch(token):
+        # A blocking HTTP request: in a thread, so other requests go on.
+        caller = await run_in_threadpool(verifier.verify, token)
+    else:
+        caller = verifier.verify(token)  # CPU only: a signature check
     setattr(request.state, USER_ID_STATE, caller.user_id)
     return caller
 

@@ -45,6 +45,7 @@ from memchat.sse_reader import Event, Item, SSEReader, UnknownLine
 
 if TYPE_CHECKING:
     import httpx2 as httpx  # the HTTP library of the openai SDK (>= 3)
+    import openai
     from openai import AsyncOpenAI
 
     from memchat.config import Settings
@@ -118,6 +119,10 @@ class ModelClient:
         self._provider: AsyncOpenAI | None = None
         self._embeddings_client: AsyncOpenAI | None = None
         self._batch_client: AsyncOpenAI | None = None
+        # What embeddings are asked for as: base64 (float32 bytes: a quarter of
+        # the floats' JSON, nothing to parse number by number) until a provider
+        # refuses it, then plain floats for the process.
+        self._embedding_encoding: Literal["base64", "float"] = "base64"
 
     @classmethod
     def for_settings(cls, settings: Settings) -> ModelClient:
@@ -357,15 +362,29 @@ class ModelClient:
             # operation, so a server sending its body a byte at a time would
             # never trip it.
             async with asyncio.timeout(seconds):
-                response = await client.embeddings.with_raw_response.create(
-                    input=inputs,
-                    model=settings.openai_embedding_model,
-                    dimensions=settings.embedding_dimensions,
-                    # Plain floats: every OpenAI-compatible server speaks them
-                    # (the SDK would ask for base64 otherwise).
-                    encoding_format="float",
-                )
-                body = response.content
+                while True:
+                    encoding = self._embedding_encoding
+                    try:
+                        response = await client.embeddings.with_raw_response.create(
+                            input=inputs,
+                            model=settings.openai_embedding_model,
+                            dimensions=settings.embedding_dimensions,
+                            encoding_format=encoding,
+                        )
+                    except openai.APIStatusError as exc:
+                        if encoding != "base64" or not _refuses_base64(exc):
+                            raise
+                        # The SDK asks for base64 by default, so most servers
+                        # answer it; this one does not: floats from now on.
+                        logger.warning(
+                            "embeddings: HTTP %s for base64; asking for floats",
+                            exc.status_code,
+                            extra={"status": exc.status_code},
+                        )
+                        self._embedding_encoding = "float"
+                        continue
+                    body = response.content
+                    break
         except (openai.APITimeoutError, TimeoutError):
             raise EmbeddingUnavailable(f"timeout after {seconds:g} s") from None
         except openai.APIStatusError as exc:
@@ -698,36 +717,70 @@ def _embeddings(body: bytes, dimensions: int, count: int) -> list[list[float]]:
     return vectors
 
 
+def _refuses_base64(error: openai.APIStatusError) -> bool:
+    """Whether an embeddings request's 4xx refuses its `encoding_format`
+    (the answer names the field or the value), not its input."""
+    if error.status_code not in (400, 422):
+        return False
+    body = error.response.text.lower()
+    return "encoding_format" in body or "base64" in body
+
+
 def _vector(value: Any, where: str, dimensions: int) -> list[float]:
-    """One embedding of `dimensions` finite numbers, L2-normalised."""
+    """One embedding of `dimensions` finite numbers, L2-normalised: a list of
+    JSON numbers, or a base64 string of float32s."""
     # Imported here, like the SDK: most cold starts never embed.
     from memchat.model.embeddings import normalised
 
-    vector = _list(value, f"{where}.embedding")
-    if not vector:
+    if isinstance(value, str):
+        values = _base64_floats(value, where)
+    else:
+        values = [_coordinate(number, where) for number in _list(value, f"{where}.embedding")]
+    if not values:
         raise _Unreadable(f"{where}.embedding is empty")
-    if len(vector) != dimensions:
+    if len(values) != dimensions:
         # A provider or model that ignores `dimensions` (or a changed setting).
         raise _Unreadable(
-            f"the provider returned {len(vector)} dimensions but EMBEDDING_DIMENSIONS is"
+            f"the provider returned {len(values)} dimensions but EMBEDDING_DIMENSIONS is"
             f" {dimensions} (does OPENAI_EMBEDDING_MODEL honour `dimensions`?)"
         )
-    values = []
-    for number in vector:
-        # bool is an int in Python, not a coordinate.
-        if isinstance(number, bool) or not isinstance(number, int | float):
-            raise _Unreadable(f"{where}.embedding holds something other than numbers")
-        try:
-            coordinate = float(number)  # a JSON integer may be too large for a float
-        except OverflowError:
-            coordinate = math.inf
-        if not math.isfinite(coordinate):  # NaN, Infinity, 1e400
-            raise _Unreadable(f"{where}.embedding holds a non-finite number")
-        values.append(coordinate)
+    if not all(map(math.isfinite, values)):  # NaN, Infinity, 1e400
+        raise _Unreadable(f"{where}.embedding holds a non-finite number")
     unit = normalised(values)
     if unit is None:
         raise _Unreadable(f"{where}.embedding is all zeros")
     return unit
+
+
+def _coordinate(number: Any, where: str) -> float:
+    """A JSON number as a float (inf when too large for one)."""
+    # bool is an int in Python, not a coordinate.
+    if isinstance(number, bool) or not isinstance(number, int | float):
+        raise _Unreadable(f"{where}.embedding holds something other than numbers")
+    try:
+        return float(number)  # a JSON integer may be too large for a float
+    except OverflowError:
+        return math.inf
+
+
+def _base64_floats(value: str, where: str) -> list[float]:
+    """An embedding sent as base64 (what `encoding_format: base64` asks for):
+    little-endian float32s."""
+    import array
+    import base64
+    import binascii
+    import sys
+
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise _Unreadable(f"{where}.embedding is neither numbers nor base64") from None
+    if len(raw) % 4:
+        raise _Unreadable(f"{where}.embedding is not float32s ({len(raw)} bytes)")
+    floats = array.array("f", raw)
+    if sys.byteorder != "little":
+        floats.byteswap()
+    return floats.tolist()
 
 
 def _tool_call(value: Any) -> ToolCall | None:

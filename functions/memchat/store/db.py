@@ -37,6 +37,7 @@ from memchat.errors import (
     RateLimited,
     Unauthorized,
 )
+from memchat.store import fragments
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -191,9 +192,11 @@ class Database:
 
     async def _connect(self) -> AsyncConnection[Any]:
         try:
-            return await psycopg.AsyncConnection.connect(self._conninfo, **connect_kwargs())
+            conn = await psycopg.AsyncConnection.connect(self._conninfo, **connect_kwargs())
         except psycopg.OperationalError as exc:
             raise DatabaseUnavailable() from exc
+        fragments.register(conn.adapters)
+        return conn
 
     async def _checkout(self) -> AsyncConnection[Any]:
         while self._idle:
@@ -346,4 +349,6 @@ async def database_ok(db: Database) -> bool:
 def connect(conninfo: str) -> psycopg.Connection[Any]:
     """A synchronous connection for the batch jobs (cleanup, migrations, the
     dev tools, the analytics report): autocommit, pooler-safe."""
-    return psycopg.connect(conninfo, **connect_kwargs())
+    conn = psycopg.connect(conninfo, **connect_kwargs())
+    fragments.register(conn.adapters)
+    return conn

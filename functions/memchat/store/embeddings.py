@@ -11,7 +11,7 @@ import psycopg
 from psycopg import sql
 
 from memchat.store.db import REQUEST_ROLE, Database
-from memchat.store.fragments import vector_literal
+from memchat.store.fragments import vector_param
 from memchat.store.records import Caller, Embedding, Hit, Period
 from memchat.throttle import Bucket
 
@@ -61,7 +61,7 @@ def recall_args(
         session_id,
         agent_name,
         window,
-        vector_literal(query.vector),
+        vector_param(query.vector),
         query.model,
         text,
         k,

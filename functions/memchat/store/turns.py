@@ -22,7 +22,7 @@ from memchat.errors import (
     RateLimited,
 )
 from memchat.store.db import Database, translate
-from memchat.store.fragments import vector_literal
+from memchat.store.fragments import vector_param
 from memchat.store.records import (
     Caller,
     Context,
@@ -214,7 +214,7 @@ async def record_turn(db: Database, caller: Caller, turn: Turn) -> SessionInfo:
         turn.notes,
         turn.notes_version,
         turn.new_session,
-        vector_literal(turn.embedding.vector if turn.embedding else None),
+        vector_param(turn.embedding.vector if turn.embedding else None),
         turn.embedding.model if turn.embedding else None,
         turn.summary_due_after,
     )
