@@ -32,7 +32,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,39 @@ EVERY_USERS_WORDS = (
 )
 
 
+def question_params(
+    conn: Any, record: Mapping[str, Any], vector: Sequence[float]
+) -> tuple[Any, dict[str, Any]] | None:
+    """The user a run imported `record`'s haystack for (found by its first
+    session), and the parameters of PIECES for its question (`vector`: the
+    question's embedding); None if that run did not import it here."""
+    from memchat import timeref
+    from memchat.store.embeddings import COLLAPSE_SIMILARITY
+    from memchat.store.fragments import vector_literal
+
+    document, _ = to_import(record)
+    row = conn.execute(
+        "select s.user_id, (select sum(x.message_count) from public.chat_sessions x"
+        " where x.user_id = s.user_id) from public.chat_sessions s where s.id = %s",
+        (document["sessions"][0]["id"],),
+    ).fetchone()
+    if row is None:
+        return None
+    user_id, messages = row
+    period = timeref.period_in(record["question"], haystack_time(record["question_date"]))
+    return user_id, {
+        "q": vector_literal([float(x) for x in vector]),
+        "m": MODEL,
+        "t": record["question"],
+        "c": COLLAPSE_SIMILARITY,
+        "f": period.start if period else None,
+        "u": period.end if period else None,
+        "n": int(messages) // 2,
+        "d": DEPTH,
+        "floor": NO_FLOOR,
+    }
+
+
 def percentile(values: Sequence[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
@@ -102,11 +135,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     import psycopg
 
-    from memchat import timeref
     from memchat.model import minilm
     from memchat.store.db import SET_CLAIMS, claims_params
-    from memchat.store.embeddings import COLLAPSE_SIMILARITY
-    from memchat.store.fragments import vector_literal
 
     url = os.environ.get("DATABASE_URL")
     if not url:
@@ -122,31 +152,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     times: dict[str, list[float]] = {name: [] for name in statements}
     users = 0
     for record, vector in zip(records, vectors, strict=True):
-        document, _ = to_import(record)
-        row = admin.execute(
-            "select s.user_id, (select sum(x.message_count) from public.chat_sessions x"
-            " where x.user_id = s.user_id) from public.chat_sessions s where s.id = %s",
-            (document["sessions"][0]["id"],),
-        ).fetchone()
-        if row is None:
+        found = question_params(admin, record, vector)
+        if found is None:
             continue
         users += 1
-        user_id, messages = row
-        period = timeref.period_in(record["question"], haystack_time(record["question_date"]))
-        params: dict[str, Any] = {
-            "q": vector_literal([float(x) for x in vector]),
-            "m": MODEL,
-            "t": record["question"],
-            "c": COLLAPSE_SIMILARITY,
-            "f": period.start if period else None,
-            "u": period.end if period else None,
-            "n": int(messages) // 2,
-            "d": DEPTH,
-            "floor": NO_FLOOR,
-        }
+        user_id, params = found
         claims = {"sub": str(user_id), "role": "authenticated"}
         for name, statement in statements.items():
-            if name == "period" and period is None:
+            if name == "period" and params["f"] is None and params["u"] is None:
                 continue
             calls = []
             for _ in range(args.repeat):

@@ -1,0 +1,191 @@
+"""LongMemEval scores of a recall statement, replayed on a database a run left.
+
+`bench_longmemeval.py` measures recall through the product (import, backfill,
+GET /memory/search) in minutes. To try an idea for the ranking, this asks
+the same questions again, straight to the database that run filled (a
+disposable DATABASE_URL, e.g. a pgserver started by hand), in seconds: each
+question's user (found by its haystack's first session), the question
+embedded with the local all-MiniLM-L6-v2 model, its period read as the API
+reads it (`as_of` the question's date), and then, as that user
+(memchat_user with its claims, one transaction), a function with
+memchat.recall's parameters: `memchat.recall` itself by default, or
+`--function` with `--replace OLD NEW` (repeatable): a copy of
+memchat.recall made with those replacements in its source (as
+`memchat.recall_replayed`, dropped afterwards). On the database of a run
+the default gives that run's scores.
+
+With `--misses`, for every question that misses session recall_all@5 or
+exchange recall_all@10: each evidence exchange's rank by meaning (the exact
+scan) and by words (the word list), 300 deep, and the exchanges the
+statement returned.
+
+    DATABASE_URL=... python tests/bench/bench_longmemeval.py
+    DATABASE_URL=... python tests/bench/bench_longmemeval_replay.py [--misses]
+    DATABASE_URL=... python tests/bench/bench_longmemeval_replay.py \\
+        --replace '* 0.9 ^' '* 0.8 ^'
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: find `tests`
+
+from tests.bench.bench_longmemeval import DEFAULT_DATA, K, _iso, load, to_import
+from tests.bench.bench_recall_pieces import PIECES, question_params
+from tests.bench.longmemeval_scoring import (
+    Exchange,
+    Question,
+    Scored,
+    question_of,
+    score,
+    summary_line,
+)
+
+DEEP = 300  # how far down --misses looks in each list
+REPLAYED = "memchat.recall_replayed"
+CALL = (
+    "select {}(null, 'default', 0, %(q)s::extensions.vector, %(m)s, %(t)s, %(k)s, 0.0, %(c)s,"
+    " %(f)s, %(u)s)"
+)
+
+
+def _name(qualified: str) -> Any:
+    from psycopg import sql
+
+    return sql.Identifier(*qualified.split("."))
+
+
+MISSED = ("session_recall_all@5", "turn_recall_all@10")
+
+
+def replayed_function(conn: Any, replacements: Sequence[tuple[str, str]]) -> str:
+    """memchat.recall's source with `replacements`, created as REPLAYED."""
+    (source,) = conn.execute("select pg_get_functiondef('memchat.recall'::regproc)").fetchone()
+    source = source.replace("FUNCTION memchat.recall(", f"FUNCTION {REPLAYED}(", 1)
+    for old, new in replacements:
+        if old not in source:
+            raise SystemExit(f"--replace: {old!r} is not in memchat.recall")
+        source = source.replace(old, new)
+    from psycopg import sql
+
+    conn.execute(sql.SQL("drop function if exists {}").format(_name(REPLAYED)))
+    conn.execute(source)
+    conn.execute(sql.SQL("grant execute on function {} to memchat_user").format(_name(REPLAYED)))
+    return REPLAYED
+
+
+def exchanges_by_id(conn: Any, user_id: Any, exchange_at: Mapping[Any, Exchange]) -> dict[int, Any]:
+    """The user's messages' ids -> their exchanges (as the run's import made them)."""
+    rows = conn.execute(
+        "select id, session_id::text, created_at from public.chat_message_history"
+        " where user_id = %s and message->>'type' = 'human'",
+        (user_id,),
+    ).fetchall()
+    found = {}
+    for message_id, session_id, created_at in rows:
+        exchange = exchange_at.get((session_id, _iso(created_at.isoformat())))
+        if exchange is not None:
+            found[message_id] = exchange
+    return found
+
+
+def misses(
+    question: Question, hits: Sequence[Exchange], meaning: Sequence[Any], words: Sequence[Any]
+) -> str:
+    """Where each evidence exchange ranks, and what was returned."""
+    by_meaning = {exchange: rank for rank, exchange in enumerate(meaning, 1)}
+    by_words = {exchange: rank for rank, exchange in enumerate(words, 1)}
+    lines = [f"{question.id} ({question.type}): {question.text}"]
+    lines.append(f"  answer sessions: {', '.join(sorted(question.answer_sessions))}")
+    for exchange in sorted(question.evidence):
+        returned = hits.index(exchange) + 1 if exchange in hits else None
+        lines.append(
+            f"  evidence {exchange[0]} #{exchange[1]}: by meaning {by_meaning.get(exchange)},"
+            f" by words {by_words.get(exchange)}, returned {returned}"
+        )
+    lines.append("  returned: " + ", ".join(f"{s} #{i}" for s, i in hits))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="a LongMemEval JSON file")
+    parser.add_argument(
+        "--replace",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("OLD", "NEW"),
+        help="replay a copy of memchat.recall with OLD replaced by NEW",
+    )
+    parser.add_argument("--misses", action="store_true", help="where the missed evidence ranks")
+    args = parser.parse_args(argv)
+
+    import psycopg
+    from psycopg import sql
+
+    from memchat.model import minilm
+    from memchat.store.db import SET_CLAIMS, claims_params
+
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        raise SystemExit("DATABASE_URL: the database bench_longmemeval.py filled")
+    records = [r for r in load(args.data) if not question_of(r).abstention]
+    vectors = minilm.load().embed([r["question"] for r in records])
+    conn = psycopg.connect(url, autocommit=True, prepare_threshold=None)
+    function = replayed_function(conn, args.replace) if args.replace else "memchat.recall"
+    call = sql.SQL(CALL).format(_name(function))
+    scored: list[Scored] = []
+    reports: list[str] = []
+    try:
+        for record, vector in zip(records, vectors, strict=True):
+            question = question_of(record)
+            found_user = question_params(conn, record, vector)
+            if found_user is None:
+                continue  # not imported by the run on this database
+            user_id, params = found_user
+            params["k"] = K
+            _, exchange_at = to_import(record)
+            with conn.transaction():
+                conn.execute(
+                    SET_CLAIMS, claims_params({"sub": str(user_id), "role": "authenticated"})
+                )
+                started = time.perf_counter()
+                (found,) = conn.execute(call, params).fetchone()
+                ms = (time.perf_counter() - started) * 1000
+                hits = [exchange_at[(h["session_id"], _iso(h["created_at"]))] for h in found]
+                metrics = score(question, hits)
+                scored.append(Scored(question, metrics, ms))
+                if args.misses and any(metrics[name] < 1 for name in MISSED):
+                    ids = exchanges_by_id(conn, user_id, exchange_at)
+                    deep = {**params, "d": DEEP}
+                    (meaning,) = conn.execute(PIECES["nearest"], deep).fetchone()
+                    (words,) = conn.execute(PIECES["words"], deep).fetchone()
+                    reports.append(
+                        misses(
+                            question,
+                            hits,
+                            [ids.get(m) for m in meaning],
+                            [ids.get(m) for m in words],
+                        )
+                    )
+    finally:
+        if function == REPLAYED:
+            conn.execute(sql.SQL("drop function if exists {}").format(_name(REPLAYED)))
+    if not scored:
+        raise SystemExit("no imported question found: run bench_longmemeval.py on DATABASE_URL")
+    for report in reports:
+        print(report)
+    print(f"function: {function} {args.replace or ''}; latency: the statement from the client")
+    print(summary_line(scored))
+
+
+if __name__ == "__main__":
+    main()
