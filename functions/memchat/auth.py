@@ -170,7 +170,7 @@ class TokenVerifier:
         import jwt
 
         header = jwt.get_unverified_header(token)
-        if header.get("alg") == "HS256" and self._secret:
+        if self._by_secret(header):
             return self._secret, ["HS256"]
         if self._jwks_url is None:
             raise Unauthorized(_WRONG_ALGORITHM)
@@ -182,6 +182,10 @@ class TokenVerifier:
         if algorithm is None:
             raise Unauthorized(_WRONG_ALGORITHM)  # only ES256 and RS256 keys
         return signing_key.key, [algorithm]
+
+    def _by_secret(self, header: dict[str, Any]) -> bool:
+        """Whether a token with this header is verified with the JWT secret."""
+        return header.get("alg") == "HS256" and bool(self._secret)
 
     def needs_key_fetch(self, token: str) -> bool:
         """Whether verifying `token` may fetch the project's key set (a
@@ -195,8 +199,8 @@ class TokenVerifier:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError:
             return False
-        if (header.get("alg") == "HS256" and self._secret) or self._jwks_url is None:
-            return False
+        if self._by_secret(header) or self._jwks_url is None:
+            return False  # the secret verifies it, or verify refuses it
         cache = self._jwks.jwk_set_cache if self._jwks is not None else None
         cached = cache.get() if cache is not None else None  # None once expired
         kid = header.get("kid")

@@ -49,6 +49,7 @@ from tests.bench.longmemeval_scoring import (
 )
 
 DEEP = 300  # how far down --misses looks in each list
+MISSED = ("session_recall_all@5", "turn_recall_all@10")
 REPLAYED = "memchat.recall_replayed"
 CALL = (
     "select {}(null, 'default', 0, %(q)s::extensions.vector, %(m)s, %(t)s, %(k)s, 0.0, %(c)s,"
@@ -60,9 +61,6 @@ def _name(qualified: str) -> Any:
     from psycopg import sql
 
     return sql.Identifier(*qualified.split("."))
-
-
-MISSED = ("session_recall_all@5", "turn_recall_all@10")
 
 
 def replayed_function(conn: Any, replacements: Sequence[tuple[str, str]]) -> str:
