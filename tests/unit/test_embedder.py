@@ -145,6 +145,10 @@ def test_normalised_scales_to_unit_length_without_overflow() -> None:
     assert normalised([3.0, 4.0]) == pytest.approx([0.6, 0.8])
     huge = normalised([1e308, 1e308])
     assert huge == pytest.approx([math.sqrt(0.5)] * 2)
+    # Each value a float, their norm (3.4e308) beyond the largest one.
+    assert normalised([1.7e308] * 4) == pytest.approx([0.5] * 4)
+    half = math.sqrt(0.5)
+    assert normalised([-1.7e308, 1.7e308, 0.0]) == pytest.approx([-half, half, 0.0])
     tiny = normalised([5e-324, 0.0])
     assert tiny == [1.0, 0.0]
     assert normalised([0.0, 0.0]) is None

@@ -12,7 +12,10 @@ chunk with the finish reason, a usage chunk when
 chunked transfer encoding so that a connection dropped mid-stream is seen
 as such. `first_token_delay` and `chunk_delay` (constructor, attributes, or
 per reply) pace it; a non-streamed answer waits as long as its stream would
-take to end, so the two compare fairly in benchmarks.
+take to end, so the two compare fairly in benchmarks. Connections are kept
+alive (HTTP/1.1) as real providers keep them, so a client's pool reuses
+them; `close` shuts the ones still open, so that a client calling after it
+fails as against a stopped provider.
 
 `POST /v1/embeddings` has its own script (`script_embeddings`) and request
 log (`embedding_requests`, and the Authorization header each came with in
@@ -26,8 +29,10 @@ from __future__ import annotations
 
 import array
 import base64
+import contextlib
 import json
 import re
+import socket
 import sys
 import threading
 import time
@@ -83,11 +88,28 @@ class FakeOpenAI:
         self._script: deque[dict[str, Any]] = deque()
         self._embedding_script: deque[dict[str, Any]] = deque()
         self._lock = threading.Lock()
+        self._connections: set[Any] = set()  # open client connections
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as real providers
+            # Headers and body are two writes: with Nagle's algorithm the body
+            # would wait for the client's delayed ACK (40 ms) on a kept-alive
+            # connection.
+            disable_nagle_algorithm = True
+
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def setup(self) -> None:
+                super().setup()
+                with fake._lock:
+                    fake._connections.add(self.connection)
+
+            def finish(self) -> None:
+                with fake._lock:
+                    fake._connections.discard(self.connection)
+                super().finish()
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", 0))
@@ -257,14 +279,14 @@ class FakeOpenAI:
     ) -> None:
         """Answer a streamed chat request (after its delay) as OpenAI does."""
         first_token_delay, chunk_delay = self._pacing(reply)
-        handler.protocol_version = "HTTP/1.1"  # for chunked transfer encoding
         handler.send_response(200)
         handler.send_header(
             "content-type", reply.get("content_type", "text/event-stream; charset=utf-8")
         )
         handler.send_header("cache-control", "no-cache")
         handler.send_header("transfer-encoding", "chunked")
-        handler.send_header("connection", "close")
+        if "fail_after" in reply:  # the body may never end: not reusable
+            handler.send_header("connection", "close")
         handler.end_headers()
 
         def send(data: bytes) -> None:
@@ -338,6 +360,11 @@ class FakeOpenAI:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+        with self._lock:
+            connections = list(self._connections)
+        for connection in connections:  # kept-alive ones would otherwise go on serving
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
 
 
 def _completion(body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
