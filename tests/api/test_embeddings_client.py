@@ -14,7 +14,6 @@ import base64
 import logging
 import math
 import socket
-import struct
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -31,7 +30,7 @@ from memchat.model.embeddings import local_embedding
 from memchat.store import Hit
 from memchat.usecases.prompt import memory_block
 from tests.conftest import JWT_SECRET, UNUSED_DATABASE
-from tests.utils.fake_openai import FakeOpenAI
+from tests.utils.fake_openai import FakeOpenAI, float32s
 from tests.utils.logs import assert_not_logged
 
 TEXT = "my favourite colour is teal"  # must never reach a log record
@@ -169,12 +168,6 @@ async def test_chat_keeps_its_retries_after_an_embedding_failed(
 # ------------------------------------------------------------ failures
 
 HTML = "<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>"
-
-
-def float32s(values: list[float]) -> str:
-    """`values` as an OpenAI-compatible server sends them for `encoding_format:
-    base64`: little-endian float32s, base64-encoded."""
-    return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode()
 
 
 FAILURES: dict[str, dict[str, Any]] = {

@@ -27,12 +27,12 @@ completions only. By default it answers with memchat's local embedder
 
 from __future__ import annotations
 
-import array
 import base64
 import contextlib
 import json
 import re
 import socket
+import struct
 import sys
 import threading
 import time
@@ -346,7 +346,7 @@ class FakeOpenAI:
             if "vector" not in reply:
                 vector = local_embedding(text, dimensions)
                 if body.get("encoding_format") == "base64":  # the SDK's default
-                    vector = base64.b64encode(array.array("f", vector).tobytes()).decode()
+                    vector = float32s(vector)
             data.append({"object": "embedding", "index": index, "embedding": vector})
         tokens = sum(len(text.split()) for text in inputs)
         payload = {
@@ -365,6 +365,12 @@ class FakeOpenAI:
         for connection in connections:  # kept-alive ones would otherwise go on serving
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
+
+
+def float32s(values: list[float]) -> str:
+    """`values` as an OpenAI-compatible server sends them for `encoding_format:
+    base64`: little-endian float32s, base64-encoded."""
+    return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode()
 
 
 def _completion(body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
