@@ -31,6 +31,17 @@ component waits for another's interpreter, as none does when deployed.
    per model chunk (1.00: every chunk was flushed on its own as it came, no
    buffering or coalescing).
 
+Where the processes run: the app alone on one CPU (the last this process may
+use), everything else - this client, the model, the embedded database - on
+the others (`os.sched_setaffinity`), as deployed: a Lambda instance has its
+own vCPU, and the database and the provider are other machines. On a small
+machine the four processes would otherwise take turns on the same CPUs, and
+the app's share would include waiting for the benchmark's own model server
+and client (on the 2-CPU development machine, 1.5-2.6 ms of the median;
+docs/benchmarks.md). `--shared-cpus` runs them all on every CPU, as the
+figures before 2026-11-27 night were measured. With one CPU, nothing is
+pinned.
+
 With `--endpoint openai` the turns of 1. go through POST /v1/chat/completions
 instead (`stream: true`; the session in X-Session-ID; a delta is a chunk
 with `delta.content`): the OpenAI-compatible endpoint's share, measured the
@@ -45,6 +56,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import sys
 import time
 import uuid
@@ -82,8 +94,11 @@ def _model_process(first_token: float, chunk: float, ready: Any, stop: Any) -> N
     model.close()
 
 
-def _app_process(database_url: str, model_url: str, port: int) -> None:
+def _app_process(database_url: str, model_url: str, port: int, cpus: set[int] | None) -> None:
     import uvicorn
+
+    if cpus:
+        os.sched_setaffinity(0, cpus)
 
     from memchat import bootstrap
     from memchat.config import load_settings
@@ -117,11 +132,23 @@ def model_server(first_token: float, chunk: float) -> Iterator[str]:
         process.join(10)
 
 
+def place_processes(shared: bool) -> tuple[set[int] | None, str]:
+    """Pin this process (and so what it starts: the database, the model) to
+    all CPUs but one, kept for the app; (the app's CPUs or None, a line
+    saying where each runs)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if shared or len(cpus) < 2:
+        return None, f"every process on CPUs {cpus or 'any'} (shared)"
+    app, rest = {cpus[-1]}, set(cpus[:-1])
+    os.sched_setaffinity(0, rest)
+    return app, f"the app alone on CPU {cpus[-1]}; client, model and database on {sorted(rest)}"
+
+
 @contextmanager
-def app_server(database_url: str, model_url: str) -> Iterator[str]:
-    """The app under uvicorn in its own process; yields its base URL."""
+def app_server(database_url: str, model_url: str, cpus: set[int] | None = None) -> Iterator[str]:
+    """The app under uvicorn in its own process (on `cpus`, None: any); yields its base URL."""
     port = free_port()
-    process = _SPAWN.Process(target=_app_process, args=(database_url, model_url, port))
+    process = _SPAWN.Process(target=_app_process, args=(database_url, model_url, port, cpus))
     process.start()
     base = f"http://127.0.0.1:{port}"
     try:
@@ -271,7 +298,7 @@ async def passthrough(base: str, model_url: str, token: str, chunks: int) -> Any
     return (direct[-1] - direct[0], len(direct)), (relayed[-1] - relayed[0], len(relayed))
 
 
-def run(args: argparse.Namespace, target: common.Target) -> dict[str, Any]:
+def run(args: argparse.Namespace, target: common.Target, cpus: set[int] | None) -> dict[str, Any]:
     url = target.url
     admin = common.admin_connection(url)
     caller = common.create_user(admin)
@@ -282,11 +309,11 @@ def run(args: argparse.Namespace, target: common.Target) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with (
         model_server(FIRST_TOKEN_S, args.word_delay_ms / 1000) as model_url,
-        app_server(api_url, model_url) as base,
+        app_server(api_url, model_url, cpus) as base,
     ):
         results.update(asyncio.run(first_words(args, base, model_url, token)))
     for delay in (0.0, 0.001):
-        with model_server(0.0, delay) as model_url, app_server(api_url, model_url) as base:
+        with model_server(0.0, delay) as model_url, app_server(api_url, model_url, cpus) as base:
             results[f"pass_{delay}"] = asyncio.run(passthrough(base, model_url, token, args.chunks))
     return results
 
@@ -307,11 +334,18 @@ def main() -> int:
         default="chat",
         help="the turns of part 1: POST /chat, or POST /v1/chat/completions (openai)",
     )
+    parser.add_argument(
+        "--shared-cpus",
+        action="store_true",
+        help="run the app on every CPU with the rest, instead of alone on one",
+    )
     args = parser.parse_args()
 
     load_at_start = common.load_average()
+    # Before the database starts: it runs where this process may.
+    cpus, placement = place_processes(args.shared_cpus)
     with common.database() as target:
-        results = run(args, target)
+        results = run(args, target, cpus)
         with common.admin_connection(target.url) as admin:
             machine = common.machine_report(admin, target, load_at_start=load_at_start)
 
@@ -320,6 +354,7 @@ def main() -> int:
     answer_words = args.words + 2
     model_answer_ms = FIRST_TOKEN_S * 1000 + (answer_words + 1) * args.word_delay_ms
     print(machine)
+    print(f"placement:  {placement}")
     path = turn_request(args.endpoint, {"message": ""}, stream=True)[0]
     print(
         f"\nTime to first words through POST {path}:"
