@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import gc
 import importlib
 import io
 import json
@@ -204,6 +205,10 @@ class LambdaRuntime:
         return [json.loads(line) for line in self.logs.getvalue().splitlines() if line.strip()]
 
     def close(self, loop: asyncio.AbstractEventLoop) -> None:
+        # An init phase (memchat.bootstrap.lambda_app) and the before-snapshot
+        # hook freeze the heap, here the test process's: give it back to the
+        # collector, as the instance that froze it is gone.
+        gc.unfreeze()
         http = sys.modules.get(f"{HANDLER_PACKAGE}.http")
         if http is not None:
             loop.run_until_complete(http.app.state.memchat.close())

@@ -266,7 +266,7 @@ def test_snapshot_then_restore_then_the_first_request(
     cold = [m for m in emf_records(capsys.readouterr().out) if "ColdStart" in m]
     assert len(cold) == 1
     messages = [r.get("message") for r in lambda_.log_records()]
-    assert "warmed for the SnapStart snapshot: connections closed" in messages
+    assert "warmed for the SnapStart snapshot: connections closed, heap frozen" in messages
     assert "restored from a SnapStart snapshot: connections and clients reset" in messages
     logged = lambda_.logs.getvalue()
     assert "90210" not in logged and token not in logged and "not-a-token" not in logged
@@ -278,9 +278,11 @@ def test_the_import_leaves_to_first_use_what_the_snapshot_warms(
     """In a fresh interpreter: importing the chat handler does not import PyJWT or
     the openai SDK nor build the tokenizer, nor the routes it serves on demand
     (/v1, /memory/search, /mcp); the before-snapshot hook does all of them
-    (its warm-up requests included) and never imports pydantic.v1."""
+    (its warm-up requests included) and never imports pydantic.v1. The init
+    phase freezes what it made (gc.freeze), and the hook freezes the rest
+    after its warm-up, its garbage collected first."""
     script = """
-import json, sys
+import gc, json, sys
 import memchat.handlers.chat
 from memchat import snapstart
 from memchat.model import tokens
@@ -293,6 +295,8 @@ def look(when):
         "pydantic.v1": sys.modules.get("pydantic.v1") is not None,
         "pydantic_settings": "pydantic_settings" in sys.modules,
         "on demand": sorted(m for m in ON_DEMAND if m in sys.modules),
+        "frozen": gc.get_freeze_count(),
+        "tracked": len(gc.get_objects()),
     }
 ON_DEMAND = [f"memchat.api.routes.{name}" for name in ("completions", "search", "mcp")]
 look("import")
@@ -330,6 +334,11 @@ print(json.dumps(seen))
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     # Neither is ever imported: FastAPI's pydantic v1 check is told there is
     # none, and the settings are a plain pydantic model (docs/benchmarks.md).
+    # Frozen: everything the import made, then everything the warm-up left.
+    imported, snapshot = seen["import"], seen["snapshot"]
+    frozen_at_import = imported.pop("frozen")
+    assert frozen_at_import > 10_000 and imported.pop("tracked") < 1_000
+    assert snapshot.pop("frozen") > frozen_at_import and snapshot.pop("tracked") < 1_000
     unused = {"pydantic.v1": False, "pydantic_settings": False}
     on_demand = sorted(f"memchat.api.routes.{name}" for name in ("completions", "mcp", "search"))
     assert seen["import"] == {
