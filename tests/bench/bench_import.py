@@ -34,14 +34,14 @@ processes, paired. `python -c 'import memchat.handlers.chat'` and `python -c
 'import fastapi, mangum, psycopg, aws_lambda_powertools.logging,
 aws_lambda_powertools.metrics'`, in the same environment (the chat
 function's), run alternately (handler first in one pair, the stack first in
-the next), each timed from the parent's spawn to the child's exit: the
-interpreter's start-up and exit included, as they are in both. The median of
-the pairs' ratios must stay <= 1.25 (RATIO_LIMIT; wall-clock time; the CPU
-time's ratio is printed beside it). tests/bench/test_import_smoke.py keeps it
-so, on the `--no-exit` figure since 2026-11-27 (each process ends with
-os._exit after its import): the handler's init freezes its heap
-(gc.freeze), so its exit's full collection, which Lambda never runs, skips
-what the stack's walks, and the whole-process ratio flatters the handler.
+the next), each timed from the parent's spawn to the child's exit right
+after its import (os._exit): the interpreter's start-up included, its exit
+(a full garbage collection, which Lambda never runs) not, since 2026-11-27:
+the handler's init freezes its heap (gc.freeze), so its exit's collection
+skips what the stack's walks, and a ratio with the exits would flatter the
+handler (`--with-exit` prints that one too). The median of the pairs'
+ratios must stay <= 1.25 (RATIO_LIMIT; wall-clock time; the CPU time's
+ratio is printed beside it). tests/bench/test_import_smoke.py keeps it so.
 
 `--first-request` also times, against the embedded PostgreSQL (pgserver, a
 temporary directory) and the tests' fake model (loopback, answers at once),
@@ -57,7 +57,7 @@ restored microVM pages its snapshot in as it touches it).
     python tests/bench/bench_import.py                          # this checkout
     python tests/bench/bench_import.py --package --first-request
     python tests/bench/bench_import.py --package --pairs 41 --runs 3  # the ratio, mostly
-    python tests/bench/bench_import.py --pairs 41 --no-exit     # and without the exit
+    python tests/bench/bench_import.py --pairs 41 --with-exit   # and with the exit
     python tests/bench/bench_import.py --zip build/memchat-lambda.zip
     bash infra/build_lambda.sh --arch x86_64 --out build/lambda-x86_64 --no-zip
     python tests/bench/bench_import.py --target build/lambda-x86_64
@@ -243,20 +243,21 @@ PAIRED_HEADERS = [
 ]
 
 
-# Appended to both commands by `paired_imports(..., finalize=False)`: the process
+# Appended to both commands by `paired_imports` (unless finalize=True): the process
 # ends without the interpreter's finalization (a full garbage collection,
 # 60-75 ms on both sides on the development machine), which Lambda never runs.
 NO_EXIT = "; import os; os._exit(0)"
 
 
 def paired_imports(
-    python: str, env: dict[str, str], pairs: int, *, finalize: bool = True
+    python: str, env: dict[str, str], pairs: int, *, finalize: bool = False
 ) -> Paired:
     """`import memchat.handlers.chat` against `import <STACK>`, whole processes,
     in the chat function's environment, alternately: the handler first in
     even pairs, the stack first in odd ones (a drift in the machine's speed
     weighs on both sides alike). One untimed run of each first.
-    `finalize=False`: each process ends with os._exit right after the import (NO_EXIT)."""
+    Each process ends with os._exit right after the import (NO_EXIT; the kept
+    figure), or with the interpreter's exit when `finalize`."""
     env = function_env(env, HANDLERS[0])
     handler_code, stack_code = HANDLER_IMPORT, STACK_IMPORT
     if not finalize:
@@ -627,9 +628,9 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=7, help="interpreters per handler row")
     parser.add_argument("--pairs", type=int, default=31, help="paired runs for the ratio")
     parser.add_argument(
-        "--no-exit",
+        "--with-exit",
         action="store_true",
-        help="also the ratio without the interpreter's exit (os._exit after the import)",
+        help="also the ratio with the interpreter's exit (whole processes to their end)",
     )
     args = parser.parse_args()
 
@@ -670,7 +671,7 @@ def main() -> int:
             ).stdout.strip()
 
         print(
-            f"\n`{HANDLER_IMPORT}` against `{STACK_IMPORT}`: whole processes (spawn to exit),"
+            f"\n`{HANDLER_IMPORT}` against `{STACK_IMPORT}`: whole processes (spawn to os._exit),"
             f" {args.pairs} alternating pairs, ROUTE_GROUPS=chat; ratio = handler / stack,"
             " wall clock (CPU time's beside it):\n"
         )
@@ -678,9 +679,9 @@ def main() -> int:
         for label, python, env in sources:
             paired = paired_imports(python, env, args.pairs)
             rows.append(paired.row(f"{label}, Python {versions[label]}"))
-            if args.no_exit:
-                paired = paired_imports(python, env, args.pairs, finalize=False)
-                rows.append(paired.row(f"{label}, Python {versions[label]}, os._exit"))
+            if args.with_exit:
+                paired = paired_imports(python, env, args.pairs, finalize=True)
+                rows.append(paired.row(f"{label}, Python {versions[label]}, with the exit"))
         print(common.format_table(PAIRED_HEADERS, rows))
 
         for label, python, env in sources:

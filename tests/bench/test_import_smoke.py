@@ -38,9 +38,9 @@ PAIRS = 41  # about 40 s a side on the development machine
 
 
 def measure(label: str, python: str, env: dict[str, str]) -> bench_import.Paired:
-    paired = bench_import.paired_imports(python, env, PAIRS, finalize=False)
+    paired = bench_import.paired_imports(python, env, PAIRS)
     if paired.ratio > bench_import.RATIO_LIMIT:
-        again = bench_import.paired_imports(python, env, PAIRS, finalize=False)
+        again = bench_import.paired_imports(python, env, PAIRS)
         paired = bench_import.Paired(paired.handler + again.handler, paired.stack + again.stack)
     table = common.format_table(bench_import.PAIRED_HEADERS, [paired.row(label)])
     print(f"\n{table}\nload average: {common.load_average()}")
