@@ -14,11 +14,13 @@ Run on demand (pytest does not collect `bench_*.py`):
 
 Data: one user per size in --sizes, each with that many stored user
 messages (each with its answer and an embedding), plus --other-rows embedded
-messages of other users (500 each), all in one table, interleaved in time as
-real traffic would be (a user's rows are spread over the heap among everyone
-else's). Sessions of 25 turns, all live; agent "default". Every embedding
-and fact key is of one model, "bench-model", the queries' too (recall
-compares only rows of the query's model).
+messages of other users (500 each), interleaved in time as real traffic
+would be (a user's rows are spread over the heap among everyone else's in
+its partition: migration *_key_partitions.sql hash-partitions the key tables
+by user, 32 ways, so about a 32nd of the other users share each). Sessions
+of 25 turns, all live; agent "default". Every embedding and fact key is of
+one model, "bench-model", the queries' too (recall compares only rows of the
+query's model).
 
 Vectors: 512 dimensions, generated with numpy (a dependency of
 langchain-postgres, in the test extra) and loaded with binary COPY: 1,000
@@ -633,8 +635,11 @@ def fill(
         "auth.users",
     )
     row = admin.execute(
-        "select pg_total_relation_size('memchat.message_embeddings') / 1e6,"
-        " pg_total_relation_size('memchat.message_facts') / 1e6"
+        # The tables are partitioned: their partitions hold the rows.
+        "select (select sum(pg_total_relation_size(relid))"
+        "          from pg_partition_tree('memchat.message_embeddings')) / 1e6,"
+        " (select sum(pg_total_relation_size(relid))"
+        "   from pg_partition_tree('memchat.message_facts')) / 1e6"
     ).fetchone()
     assert row is not None
     owners = []
@@ -1141,7 +1146,9 @@ async def run(args: argparse.Namespace) -> int:
             owners = filled.owners
             settings_row = admin.execute(
                 "select current_setting('shared_buffers'), current_setting('jit'),"
-                " (select extversion from pg_extension where extname = 'vector')"
+                " (select extversion from pg_extension where extname = 'vector'),"
+                " (select count(*) from pg_inherits"
+                "   where inhparent = 'memchat.message_embeddings'::regclass)"
             ).fetchone()
             assert settings_row is not None
             print("# memchat recall")
@@ -1177,7 +1184,8 @@ async def run(args: argparse.Namespace) -> int:
             )
             print(
                 f"server:     pgvector {settings_row[2]}, shared_buffers {settings_row[0]},"
-                f" jit {settings_row[1]}; the migrations' HNSW indexes: "
+                f" jit {settings_row[1]}; recall keys in {settings_row[3]} partitions by user"
+                " (each with its own indexes); the migrations' HNSW indexes: "
                 + (
                     f"built in {filled.index_seconds:.1f} s, the index path on for users of"
                     " 2,000 messages or more"

@@ -129,10 +129,23 @@ def index_scans(conn: psycopg.Connection) -> int:
         scalar(
             conn,
             "select coalesce(sum(idx_scan), 0) from pg_catalog.pg_stat_user_indexes"
-            " where schemaname = 'memchat' and indexrelname = any(%s)",
-            (list(INDEXES),),
+            " where indexrelid in (select i.inhrelid from pg_catalog.pg_inherits i"
+            "                       where i.inhparent = any(%s::regclass[]))",
+            ([f"memchat.{index}" for index in INDEXES],),
         )
     )
+
+
+def scans_by_table(conn: psycopg.Connection) -> dict[str, int]:
+    """The HNSW indexes' scans so far, by the partition they index."""
+    conn.execute("select pg_stat_clear_snapshot()")
+    rows = conn.execute(
+        "select relname, idx_scan from pg_catalog.pg_stat_user_indexes"
+        " where indexrelid in (select i.inhrelid from pg_catalog.pg_inherits i"
+        "                       where i.inhparent = any(%s::regclass[]))",
+        ([f"memchat.{index}" for index in INDEXES],),
+    ).fetchall()
+    return {str(name): int(scans) for name, scans in rows}
 
 
 def scans_after(conn: psycopg.Connection, before: int) -> int:
@@ -172,7 +185,8 @@ async def test_a_long_history_is_searched_through_the_index_as_exactly_as_the_sc
         pytest.fail("pgvector without iterative scans: the index path cannot be tested here")
     rng = random.Random(7)
     users = UserFactory(own.admin)
-    caller, other = users.create(), users.create()
+    caller = users.create()
+    other = users.create(user_id=same_partition(own.admin, caller.user_id))
     size = 1100  # 2,200 messages: past memchat.ann_from_messages()
     assert 2 * size >= scalar(own.admin, "select memchat.ann_from_messages()")
     targets = [unit([rng.gauss(0, 1) for _ in range(DIMS)]) for _ in range(4)]
@@ -194,8 +208,16 @@ async def test_a_long_history_is_searched_through_the_index_as_exactly_as_the_sc
     own.admin.execute("analyze")
 
     before = index_scans(own.admin)
+    by_table = scans_by_table(own.admin)
     through_index = [await recall(own.api_url, caller, target, None, k=3) for target in targets]
     assert scans_after(own.admin, before) > 0  # the index path was taken
+    # Only the indexes of the caller's partitions (migration *_key_partitions.sql).
+    scanned = {name for name, scans in scans_by_table(own.admin).items() if scans > by_table[name]}
+    mine = {
+        scalar(own.admin, "select memchat.key_partition_name(%s, %s)", (table, caller.user_id))
+        for table in ("message_embeddings", "message_facts")
+    }
+    assert scanned and scanned <= mine
     for t, hits in enumerate(through_index):
         assert hits == [ids[place] for place in planted[t]]  # best first, the caller's only
 
@@ -252,13 +274,15 @@ def test_a_long_history_leaves_its_commonest_words_out(own: Fresh) -> None:
     size = 400
 
     def rarer(text: str, rounds: int) -> str:
-        return str(
-            scalar(
-                own.admin,
-                "select memchat.rarer_words(memchat.any_words(%s), %s, 1000)::text",
-                (text, rounds),
+        # As the caller: the statistics are those of the caller's partition.
+        with acting_as(own.admin, caller.claims) as conn:
+            return str(
+                scalar(
+                    conn,
+                    "select memchat.rarer_words(memchat.any_words(%s), %s, 1000)::text",
+                    (text, rounds),
+                )
             )
-        )
 
     texts = [f"weather report {i} and zebra{i % 50}" for i in range(size)]
     # No statistics yet (a new database): every word, however long the history.
@@ -310,12 +334,24 @@ def test_the_word_list_reads_only_the_callers_rounds(own: Fresh) -> None:
         )
 
 
+def same_partition(conn: psycopg.Connection, user_id: uuid.UUID) -> uuid.UUID:
+    """A new user id whose recall keys go to the same partition as user_id's."""
+    wanted = scalar(conn, "select memchat.key_partition(%s)", (user_id,))
+    while True:
+        candidate = uuid.uuid4()
+        if scalar(conn, "select memchat.key_partition(%s)", (candidate,)) == wanted:
+            return candidate
+
+
 def lexemes_read(conn: psycopg.Connection) -> tuple[int, int]:
-    """(scans, index entries returned) of the rounds' GIN index so far."""
+    """(scans, index entries returned) of the rounds' GIN index so far (its
+    partitions' indexes: migration *_key_partitions.sql)."""
     conn.execute("select pg_stat_clear_snapshot()")
     row = conn.execute(
-        "select idx_scan, idx_tup_read from pg_catalog.pg_stat_user_indexes"
-        " where schemaname = 'memchat' and indexrelname = 'message_embeddings_lexemes_idx'"
+        "select coalesce(sum(idx_scan), 0), coalesce(sum(idx_tup_read), 0)"
+        " from pg_catalog.pg_stat_user_indexes"
+        " where indexrelid in (select i.inhrelid from pg_catalog.pg_inherits i"
+        "  where i.inhparent = 'memchat.message_embeddings_lexemes_idx'::regclass)"
     ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
@@ -329,7 +365,10 @@ def test_the_word_list_reads_the_callers_rounds_however_many_others_hold_the_wor
     # word: what it reads follows the caller's history, not how many of
     # everyone's rounds hold the word (migration *_words_by_owner.sql).
     users = UserFactory(own.admin)
-    alice, bob = users.create(), users.create()
+    alice = users.create()
+    # Bob's rows share Alice's partition (migration *_key_partitions.sql), so
+    # that one GIN index holds both.
+    bob = users.create(user_id=same_partition(own.admin, alice.user_id))
     rng = random.Random(13)
     vectors = [unit([rng.gauss(0, 1) for _ in range(DIMS)]) for _ in range(3)]
     mine = fill(own.admin, alice, vectors, ["my parrot Rio", "the weather", "a parrot again"])
@@ -366,3 +405,71 @@ def test_the_word_list_reads_the_callers_rounds_however_many_others_hold_the_wor
     assert now_scans > scans, "the GIN index was not used"
     # Alice's two rounds with the word, not Bob's 300 besides.
     assert now_read - read == 2
+
+
+# ------------------------------------------------- partitions by user
+
+
+def test_keys_go_to_the_partition_memchat_key_partition_names(own: Fresh) -> None:
+    # The cascades delete a message's keys from the partition that
+    # memchat.key_partition computes: it must be PostgreSQL's own routing.
+    assert (
+        scalar(
+            own.admin,
+            "select bool_and(satisfies_hash_partition('memchat.message_embeddings'::regclass,"
+            "   memchat.key_partitions(), memchat.key_partition(u), u))"
+            " from (select gen_random_uuid() as u from generate_series(1, 2000)) g",
+        )
+        is True
+    )
+    rng = random.Random(3)
+    users = UserFactory(own.admin)
+    callers = [users.create() for _ in range(8)]
+    for caller in callers:
+        fill(own.admin, caller, [unit([rng.gauss(0, 1) for _ in range(DIMS)])] * 3, ["a"] * 3)
+    own.admin.execute(
+        "insert into memchat.message_facts"
+        " (message_id, ordinal, user_id, session_id, agent_name, created_at, model, embedding)"
+        " select message_id, 0, user_id, session_id, agent_name, created_at, model, embedding"
+        " from memchat.message_embeddings"
+    )
+    for table in ("message_embeddings", "message_facts"):
+        placed = own.admin.execute(
+            "select tableoid::regclass::text,"
+            " 'memchat.' || memchat.key_partition_name(%s, user_id)"
+            f" from memchat.{table}",
+            (table,),
+        ).fetchall()
+        assert len(placed) == 24
+        assert all(actual == named for actual, named in placed)
+        assert len({actual for actual, _ in placed}) > 1  # several partitions in play
+
+    # Messages deleted in one statement: their keys go, partition by partition.
+    own.admin.execute(
+        "delete from public.chat_message_history where user_id = any(%s)",
+        ([c.user_id for c in callers[:5]],),
+    )
+    for table in ("message_embeddings", "message_facts"):
+        left = own.admin.execute(f"select distinct user_id from memchat.{table}").fetchall()
+        assert {row[0] for row in left} == {c.user_id for c in callers[5:]}
+
+
+def test_the_partitions_are_reached_only_through_their_tables(own: Fresh) -> None:
+    store.resize_embeddings(own.admin, 384)  # a type change keeps the vectors in the row
+    rows = own.admin.execute(
+        "select c.oid::regclass::text, c.relrowsecurity,"
+        " has_table_privilege('memchat_user', c.oid, 'select, insert, update, delete'),"
+        " has_table_privilege('authenticated', c.oid, 'select, insert, update, delete'),"
+        " has_table_privilege('anon', c.oid, 'select, insert, update, delete'),"
+        " (select a.attstorage from pg_attribute a"
+        "   where a.attrelid = c.oid and a.attname = 'embedding')"
+        " from pg_inherits i join pg_class c on c.oid = i.inhrelid"
+        " where i.inhparent in ('memchat.message_embeddings'::regclass,"
+        "                       'memchat.message_facts'::regclass)"
+    ).fetchall()
+    partitions = scalar(own.admin, "select memchat.key_partitions()")
+    assert len(rows) == 2 * partitions
+    for name, row_security, *privileges, storage in rows:
+        assert row_security, name
+        assert not any(privileges), name
+        assert storage == "m", name  # MAIN: in the row, as the parents' (*_recall.sql)

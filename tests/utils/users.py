@@ -48,8 +48,8 @@ class UserFactory:
     def __init__(self, admin: psycopg.Connection) -> None:
         self.admin = admin
 
-    def create(self, email: str | None = None) -> Caller:
-        user_id = uuid.uuid4()
+    def create(self, email: str | None = None, user_id: uuid.UUID | None = None) -> Caller:
+        user_id = user_id or uuid.uuid4()
         email = email or f"{user_id}@example.test"
         self.admin.execute(
             "insert into auth.users (id, aud, role, email) values (%s, 'authenticated',"

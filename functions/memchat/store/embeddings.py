@@ -33,7 +33,8 @@ _DROP_OTHER_SIZES = sql.SQL("delete from memchat.{} where extensions.vector_dims
 # embedding is there: the marker goes with it.
 _DROP_MARKERS_WITHOUT_EMBEDDING = """
 delete from memchat.message_facts_made m
- where not exists (select 1 from memchat.message_embeddings e where e.message_id = m.message_id)"""
+ where not exists (select 1 from memchat.message_embeddings e
+                    where e.message_id = m.message_id and e.user_id = m.user_id)"""
 _RESIZE = sql.SQL("alter table memchat.{} alter column embedding type extensions.vector({})")
 _KEEP_IN_ROW = sql.SQL("alter table memchat.{} alter column embedding set storage main")
 # The HNSW indexes (migration *_recall_at_scale.sql) go before the type change
