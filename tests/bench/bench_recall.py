@@ -1304,8 +1304,9 @@ async def run(args: argparse.Namespace) -> int:
                 build_s = time.perf_counter() - built
                 admin.execute("reset maintenance_work_mem")
                 size_row = admin.execute(
-                    "select sum(pg_relation_size(('memchat.' || i)::regclass)) / 1e6"
-                    " from unnest(%s::text[]) i",
+                    # Partitioned indexes: their partitions' indexes hold the pages.
+                    "select sum(pg_relation_size(t.relid)) / 1e6 from unnest(%s::text[]) i,"
+                    " pg_partition_tree(('memchat.' || i)::regclass) t",
                     ([HNSW_INDEXES[t] for t in tables],),
                 ).fetchone()
                 assert size_row is not None
