@@ -167,15 +167,17 @@ begin
   -- Each statement is planned when it runs (EXECUTE); the ids come through a
   -- subquery, so that the planner does not estimate every one of them (what
   -- a plan of the array's value would do, a millisecond per thousand ids).
+  -- One partition computed per row; its tables named once per partition,
+  -- from one of its users.
   for v_part in
-    select memchat.key_partition(g.user_id) as remainder, array_agg(g.id) as ids
-      from gone g group by 1
+    select (array_agg(g.user_id))[1] as owner, array_agg(g.id) as ids
+      from gone g group by memchat.key_partition(g.user_id)
   loop
     execute format('delete from memchat.%I e where e.message_id = any((select $1)::bigint[])',
-                   'message_embeddings_p' || lpad(v_part.remainder::text, 2, '0'))
+                   memchat.key_partition_name('message_embeddings', v_part.owner))
       using v_part.ids;
     execute format('delete from memchat.%I f where f.message_id = any((select $1)::bigint[])',
-                   'message_facts_p' || lpad(v_part.remainder::text, 2, '0'))
+                   memchat.key_partition_name('message_facts', v_part.owner))
       using v_part.ids;
   end loop;
   delete from memchat.message_facts_made m where m.message_id = any(ids);
@@ -275,11 +277,6 @@ as $$
                                            and m.model = e.model)))
 $$;
 
--- ======================================================= recall
--- As in migration *_recall_at_scale.sql, the commonest words by the
--- statistics of the caller's partition (the rows the words list reads;
--- autovacuum analyses partitions, never their parent).
-
 -- As in migration *_embedding_models.sql, the embedding looked up in its
 -- owner's partition.
 create or replace function memchat.embedding_source(
@@ -304,6 +301,10 @@ as $$
            limit p_limit) m
 $$;
 
+-- ======================================================= recall
+-- As in migration *_recall_at_scale.sql, the commonest words by the
+-- statistics of the caller's partition (the rows the words list reads;
+-- autovacuum analyses partitions, never their parent).
 create or replace function memchat.rarer_words(p_words tsquery, p_rounds bigint, p_budget integer)
 returns tsquery
 language plpgsql stable security definer
@@ -577,7 +578,6 @@ begin
             order by x.id desc limit 1) b on true), '[]'::jsonb);
 end
 $$;
-
 
 revoke all on function memchat.key_partitions(), memchat.key_partition(uuid),
   memchat.key_partition_name(text, uuid), memchat.key_partition_of(text, uuid) from public;

@@ -122,20 +122,6 @@ async def recall(
     return [hit.message_id for hit in hits]
 
 
-def index_scans(conn: psycopg.Connection) -> int:
-    """How often the messages' HNSW index has been read (the statistics of
-    other backends arrive when they flush them: read after a wait)."""
-    return int(
-        scalar(
-            conn,
-            "select coalesce(sum(idx_scan), 0) from pg_catalog.pg_stat_user_indexes"
-            " where indexrelid in (select i.inhrelid from pg_catalog.pg_inherits i"
-            "                       where i.inhparent = any(%s::regclass[]))",
-            ([f"memchat.{index}" for index in INDEXES],),
-        )
-    )
-
-
 def scans_by_table(conn: psycopg.Connection) -> dict[str, int]:
     """The HNSW indexes' scans so far, by the partition they index."""
     conn.execute("select pg_stat_clear_snapshot()")
@@ -146,6 +132,12 @@ def scans_by_table(conn: psycopg.Connection) -> dict[str, int]:
         ([f"memchat.{index}" for index in INDEXES],),
     ).fetchall()
     return {str(name): int(scans) for name, scans in rows}
+
+
+def index_scans(conn: psycopg.Connection) -> int:
+    """How often the HNSW indexes have been read (the statistics of other
+    backends arrive when they flush them: read after a wait)."""
+    return sum(scans_by_table(conn).values())
 
 
 def scans_after(conn: psycopg.Connection, before: int) -> int:
