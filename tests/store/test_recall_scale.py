@@ -140,14 +140,39 @@ def index_scans(conn: psycopg.Connection) -> int:
     return sum(scans_by_table(conn).values())
 
 
-def scans_after(conn: psycopg.Connection, before: int) -> int:
+def index_reads(conn: psycopg.Connection, *indexes: str) -> tuple[int, int]:
+    """(scans, index entries returned) so far of partitioned `indexes`
+    (their partitions' indexes: migration *_key_partitions.sql)."""
+    conn.execute("select pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "select coalesce(sum(idx_scan), 0), coalesce(sum(idx_tup_read), 0)"
+        " from pg_catalog.pg_stat_user_indexes"
+        " where indexrelid in (select i.inhrelid from pg_catalog.pg_inherits i"
+        "  where i.inhparent = any(%s::regclass[]))",
+        ([f"memchat.{index}" for index in indexes],),
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def reads_after(
+    conn: psycopg.Connection,
+    read: Callable[[psycopg.Connection], tuple[int, int]],
+    before: tuple[int, int],
+) -> tuple[int, int]:
+    """What `read` counted since `before`, once this backend's statistics
+    have arrived (they are flushed when it goes idle: read after a wait)."""
     deadline = time.monotonic() + 10
     while True:
-        conn.execute("select pg_stat_clear_snapshot()")
-        now = index_scans(conn)
-        if now > before or time.monotonic() > deadline:
-            return now - before
+        now = read(conn)
+        if now[0] > before[0] or time.monotonic() > deadline:
+            return now[0] - before[0], now[1] - before[1]
         time.sleep(0.2)
+
+
+def scans_after(conn: psycopg.Connection, before: int) -> int:
+    """The HNSW indexes' scans since `before`."""
+    return reads_after(conn, lambda c: (index_scans(c), 0), (before, 0))[0]
 
 
 def test_the_embedded_server_has_iterative_scans_and_the_indexes(own: Fresh) -> None:
@@ -341,39 +366,9 @@ def same_partition(conn: psycopg.Connection, user_id: uuid.UUID) -> uuid.UUID:
             return candidate
 
 
-def index_reads(conn: psycopg.Connection, *indexes: str) -> tuple[int, int]:
-    """(scans, index entries returned) so far of partitioned `indexes`
-    (their partitions' indexes: migration *_key_partitions.sql)."""
-    conn.execute("select pg_stat_clear_snapshot()")
-    row = conn.execute(
-        "select coalesce(sum(idx_scan), 0), coalesce(sum(idx_tup_read), 0)"
-        " from pg_catalog.pg_stat_user_indexes"
-        " where indexrelid in (select i.inhrelid from pg_catalog.pg_inherits i"
-        "  where i.inhparent = any(%s::regclass[]))",
-        ([f"memchat.{index}" for index in indexes],),
-    ).fetchone()
-    assert row is not None
-    return int(row[0]), int(row[1])
-
-
 def lexemes_read(conn: psycopg.Connection) -> tuple[int, int]:
     """(scans, index entries returned) of the rounds' GIN index so far."""
     return index_reads(conn, "message_embeddings_lexemes_idx")
-
-
-def reads_after(
-    conn: psycopg.Connection,
-    read: Callable[[psycopg.Connection], tuple[int, int]],
-    before: tuple[int, int],
-) -> tuple[int, int]:
-    """What `read` counted since `before`, once this backend's statistics
-    have arrived (they are flushed when it goes idle: read after a wait)."""
-    deadline = time.monotonic() + 10
-    while True:
-        now = read(conn)
-        if now[0] > before[0] or time.monotonic() > deadline:
-            return now[0] - before[0], now[1] - before[1]
-        time.sleep(0.2)
 
 
 def test_the_word_list_reads_the_callers_rounds_however_many_others_hold_the_words(
