@@ -524,3 +524,23 @@ def test_the_partitions_are_reached_only_through_their_tables(own: Fresh) -> Non
         assert row_security, name
         assert not any(privileges), name
         assert storage == "m", name  # MAIN: in the row, as the parents' (*_recall.sql)
+
+
+def test_a_young_partition_is_analysed_after_thousands_of_changed_rows(own: Fresh) -> None:
+    # Each analysis or vacuum of a partition discards every generic recall
+    # plan (migration *_partition_autovacuum.sql): autovacuum's 50 rows would
+    # have a young deployment re-plan recall a few times a minute. The
+    # settings survive a change of the vector's size (the tables rewritten).
+    store.resize_embeddings(own.admin, 384)
+    rows = own.admin.execute(
+        "select c.oid::regclass::text, c.reloptions"
+        " from pg_inherits i join pg_class c on c.oid = i.inhrelid"
+        " where i.inhparent in ('memchat.message_embeddings'::regclass,"
+        "                       'memchat.message_facts'::regclass)"
+    ).fetchall()
+    assert len(rows) == 2 * scalar(own.admin, "select memchat.key_partitions()")
+    for name, options in rows:
+        assert set(options or ()) == {
+            "autovacuum_analyze_threshold=5000",
+            "autovacuum_vacuum_insert_threshold=20000",
+        }, name
