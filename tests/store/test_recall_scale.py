@@ -544,3 +544,18 @@ def test_a_young_partition_is_analysed_after_thousands_of_changed_rows(own: Fres
             "autovacuum_analyze_threshold=5000",
             "autovacuum_vacuum_insert_threshold=20000",
         }, name
+
+
+def test_a_long_historys_word_list_is_planned_for_its_words(own: Fresh) -> None:
+    # Planned once for any query (a generic plan), the word list cannot know
+    # how many of the caller's rounds hold its words: for a 50,000-round
+    # history it ANDed the words' index with the owner index and read every
+    # one of the caller's rounds from the latter (5 of 17 ms; measured in
+    # docs/benchmarks.md, "The word list planned for its words"). It is
+    # planned for each call's words and caller instead (migration
+    # *_word_list_plans.sql), as PostgreSQL before 18 plans a SQL function.
+    settings = scalar(
+        own.admin,
+        "select proconfig from pg_proc where oid = 'memchat.owned_rounds_matching'::regproc",
+    )
+    assert "plan_cache_mode=force_custom_plan" in settings
