@@ -84,15 +84,22 @@ class Target:
 
 
 @contextmanager
-def database(*, apply_migrations: bool = True) -> Iterator[Target]:
+def database(
+    *, apply_migrations: bool = True, shared_buffers: str | None = None
+) -> Iterator[Target]:
     """A migrated database for the duration of the block.
 
     With DATABASE_URL set, that database is used (it must be disposable: the
     benchmarks write to it). Otherwise pgserver starts a server in a
-    temporary directory that is stopped and removed afterwards.
+    temporary directory that is stopped and removed afterwards; with
+    `shared_buffers` ("256MB"), restarted with that much first.
     """
     url = os.environ.get("DATABASE_URL")
     if url:
+        if shared_buffers is not None:
+            raise SystemExit(
+                "shared_buffers is set on the embedded server only, not DATABASE_URL's"
+            )
         if apply_migrations:
             migrate(url)
         yield Target(url=url, embedded=False)
@@ -106,11 +113,33 @@ def database(*, apply_migrations: bool = True) -> Iterator[Target]:
         server = pgserver.get_server(Path(tmp) / "pgdata", cleanup_mode="stop")
         try:
             uri = server.get_uri()
+            if shared_buffers is not None:
+                _restart_with_shared_buffers(server, uri, shared_buffers)
             if apply_migrations:
                 migrate(uri)
             yield Target(url=uri, embedded=True)
         finally:
             server.cleanup()
+
+
+def _restart_with_shared_buffers(server: Any, uri: str, size: str) -> None:
+    """Restart the embedded server with `size` of shared_buffers (a setting
+    read only when the server starts)."""
+    from pgserver._commands import pg_ctl
+
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute(sql.SQL("alter system set shared_buffers = {}").format(sql.Literal(size)))
+    # The options of the first start (postmaster.opts) again; the log to the
+    # same file, so that no pipe stays open behind pg_ctl.
+    pg_ctl(
+        ["-w", "-m", "fast", "-l", str(server.log), "restart"],
+        pgdata=server.pgdata,
+        user=server.system_user,
+    )
+    with psycopg.connect(uri, autocommit=True) as conn:
+        row = conn.execute("select current_setting('shared_buffers')").fetchone()
+    if row is None or row[0].lower() != size.lower().replace(" ", ""):
+        raise SystemExit(f"the server did not take shared_buffers = {size}: {row}")
 
 
 def admin_connection(url: str) -> psycopg.Connection[Any]:

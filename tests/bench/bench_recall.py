@@ -11,6 +11,12 @@ Run on demand (pytest does not collect `bench_*.py`):
         [--iterations 100] [--warmup 10] [--idle-ms 50]
         [--ef-search 40,200] [--turns 100] [--turn-sizes 1000,10000]
         [--embed-ms 50] [--latency-ms 1] [--parts query,hnsw,turn] [--explain]
+        [--shared-buffers 256MB]
+
+--shared-buffers restarts the embedded server with that much shared_buffers
+(its default is 128MB): a long history's recall reads its partition's HNSW
+pages and rows, and how many of them stay in shared_buffers decides its
+tail (docs/benchmarks.md, "The word list planned for its words").
 
 Data: one user per size in --sizes, each with that many stored user
 messages (each with its answer and an embedding), plus --other-rows embedded
@@ -1128,7 +1134,7 @@ async def run(args: argparse.Namespace) -> int:
     load_at_start = common.load_average()
     parts = set(args.parts)
     explains: list[str] = []
-    with common.database() as target:
+    with common.database(shared_buffers=args.shared_buffers) as target:
         admin = common.admin_connection(target.url)
         owners: list[Owner] = []
         created: list[uuid.UUID] = []
@@ -1531,6 +1537,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE plans")
     parser.add_argument("--seed", type=int, default=1, help="random seed of the vectors (1)")
+    parser.add_argument(
+        "--shared-buffers",
+        default=None,
+        help="the embedded server's shared_buffers, e.g. 256MB (its default, 128MB)",
+    )
     args = parser.parse_args(argv)
     unknown = set(args.parts) - {"query", "hnsw", "turn"}
     if unknown:
