@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,21 +85,20 @@ class Target:
 
 @contextmanager
 def database(
-    *, apply_migrations: bool = True, shared_buffers: str | None = None
+    *, apply_migrations: bool = True, settings: Mapping[str, str] | None = None
 ) -> Iterator[Target]:
     """A migrated database for the duration of the block.
 
     With DATABASE_URL set, that database is used (it must be disposable: the
     benchmarks write to it). Otherwise pgserver starts a server in a
     temporary directory that is stopped and removed afterwards; with
-    `shared_buffers` ("256MB"), restarted with that much first.
+    `settings` ({"shared_buffers": "256MB"}), set by ALTER SYSTEM and the
+    server restarted first (some, like shared_buffers, are read only then).
     """
     url = os.environ.get("DATABASE_URL")
     if url:
-        if shared_buffers is not None:
-            raise SystemExit(
-                "shared_buffers is set on the embedded server only, not DATABASE_URL's"
-            )
+        if settings:
+            raise SystemExit("server settings apply to the embedded server only, not DATABASE_URL")
         if apply_migrations:
             migrate(url)
         yield Target(url=url, embedded=False)
@@ -113,8 +112,8 @@ def database(
         server = pgserver.get_server(Path(tmp) / "pgdata", cleanup_mode="stop")
         try:
             uri = server.get_uri()
-            if shared_buffers is not None:
-                _restart_with_shared_buffers(server, uri, shared_buffers)
+            if settings:
+                _restart_with(server, uri, settings)
             if apply_migrations:
                 migrate(uri)
             yield Target(url=uri, embedded=True)
@@ -122,13 +121,15 @@ def database(
             server.cleanup()
 
 
-def _restart_with_shared_buffers(server: Any, uri: str, size: str) -> None:
-    """Restart the embedded server with `size` of shared_buffers (a setting
-    read only when the server starts)."""
+def _restart_with(server: Any, uri: str, settings: Mapping[str, str]) -> None:
+    """ALTER SYSTEM `settings` on the embedded server, then restart it."""
     from pgserver._commands import pg_ctl
 
     with psycopg.connect(uri, autocommit=True) as conn:
-        conn.execute(sql.SQL("alter system set shared_buffers = {}").format(sql.Literal(size)))
+        for name, value in settings.items():
+            conn.execute(
+                sql.SQL("alter system set {} = {}").format(sql.Identifier(name), sql.Literal(value))
+            )
     # The options of the first start (postmaster.opts) again; the log to the
     # same file, so that no pipe stays open behind pg_ctl.
     pg_ctl(
@@ -137,9 +138,12 @@ def _restart_with_shared_buffers(server: Any, uri: str, size: str) -> None:
         user=server.system_user,
     )
     with psycopg.connect(uri, autocommit=True) as conn:
-        row = conn.execute("select current_setting('shared_buffers')").fetchone()
-    if row is None or row[0].lower() != size.lower().replace(" ", ""):
-        raise SystemExit(f"the server did not take shared_buffers = {size}: {row}")
+        pending = conn.execute(
+            "select name from pg_settings where pending_restart and name = any(%s)",
+            (list(settings),),
+        ).fetchall()
+    if pending:
+        raise SystemExit(f"the server did not take {', '.join(row[0] for row in pending)}")
 
 
 def admin_connection(url: str) -> psycopg.Connection[Any]:

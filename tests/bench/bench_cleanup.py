@@ -558,7 +558,7 @@ def main() -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="ALTER SYSTEM on the benchmark server first (embedded server only)",
+        help="ALTER SYSTEM on the benchmark server, restarted (embedded server only)",
     )
     parser.add_argument(
         "--no-control", action="store_true", help="skip the CPU-only control measurement"
@@ -579,16 +579,9 @@ def main() -> None:
         parser.error(f"unknown variants {sorted(unknown)}; choose from {sorted(VARIANTS)}")
     rows: list[Row] = []
     load_at_start = common.load_average()
-    with common.database() as target:
+    settings = dict(setting.partition("=")[::2] for setting in args.server_setting)
+    with common.database(settings=settings) as target:
         admin = common.admin_connection(target.url)
-        for setting in args.server_setting:
-            if not target.embedded:
-                parser.error("--server-setting only on the embedded server")
-            name, _, value = setting.partition("=")
-            admin.execute(
-                sql.SQL("alter system set {} = {}").format(sql.Identifier(name), sql.Literal(value))
-            )
-            admin.execute("select pg_reload_conf()")
         for run in runs:
             print(
                 f"run: sql={run.variant} batch={run.batch} pace={run.pace}"

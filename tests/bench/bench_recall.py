@@ -15,8 +15,9 @@ Run on demand (pytest does not collect `bench_*.py`):
 
 --shared-buffers restarts the embedded server with that much shared_buffers
 (its default is 128MB): a long history's recall reads its partition's HNSW
-pages and rows, and how many of them stay in shared_buffers decides its
-tail (docs/benchmarks.md, "The word list planned for its words").
+pages and rows, and how many stay in shared_buffers decides the tail of
+queries that come back (each query here is asked once: docs/benchmarks.md,
+"The word list planned for its words").
 
 Data: one user per size in --sizes, each with that many stored user
 messages (each with its answer and an embedding), plus --other-rows embedded
@@ -1134,7 +1135,8 @@ async def run(args: argparse.Namespace) -> int:
     load_at_start = common.load_average()
     parts = set(args.parts)
     explains: list[str] = []
-    with common.database(shared_buffers=args.shared_buffers) as target:
+    settings = {"shared_buffers": args.shared_buffers} if args.shared_buffers else None
+    with common.database(settings=settings) as target:
         admin = common.admin_connection(target.url)
         owners: list[Owner] = []
         created: list[uuid.UUID] = []

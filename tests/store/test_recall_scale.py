@@ -461,6 +461,14 @@ def test_a_callers_keys_are_read_once_however_many_sessions_hold_them(own: Fresh
 # ------------------------------------------------- partitions by user
 
 
+# The key tables' partitions, as `c` (a FROM clause).
+KEY_PARTITIONS = (
+    " from pg_inherits i join pg_class c on c.oid = i.inhrelid"
+    " where i.inhparent in ('memchat.message_embeddings'::regclass,"
+    "                       'memchat.message_facts'::regclass)"
+)
+
+
 def test_keys_go_to_the_partition_memchat_key_partition_names(own: Fresh) -> None:
     # The cascades delete a message's keys from the partition that
     # memchat.key_partition computes: it must be PostgreSQL's own routing.
@@ -513,10 +521,7 @@ def test_the_partitions_are_reached_only_through_their_tables(own: Fresh) -> Non
         " has_table_privilege('authenticated', c.oid, 'select, insert, update, delete'),"
         " has_table_privilege('anon', c.oid, 'select, insert, update, delete'),"
         " (select a.attstorage from pg_attribute a"
-        "   where a.attrelid = c.oid and a.attname = 'embedding')"
-        " from pg_inherits i join pg_class c on c.oid = i.inhrelid"
-        " where i.inhparent in ('memchat.message_embeddings'::regclass,"
-        "                       'memchat.message_facts'::regclass)"
+        "   where a.attrelid = c.oid and a.attname = 'embedding')" + KEY_PARTITIONS
     ).fetchall()
     partitions = scalar(own.admin, "select memchat.key_partitions()")
     assert len(rows) == 2 * partitions
@@ -533,10 +538,7 @@ def test_a_young_partition_is_analysed_after_thousands_of_changed_rows(own: Fres
     # settings survive a change of the vector's size (the tables rewritten).
     store.resize_embeddings(own.admin, 384)
     rows = own.admin.execute(
-        "select c.oid::regclass::text, c.reloptions"
-        " from pg_inherits i join pg_class c on c.oid = i.inhrelid"
-        " where i.inhparent in ('memchat.message_embeddings'::regclass,"
-        "                       'memchat.message_facts'::regclass)"
+        "select c.oid::regclass::text, c.reloptions" + KEY_PARTITIONS
     ).fetchall()
     assert len(rows) == 2 * scalar(own.admin, "select memchat.key_partitions()")
     for name, options in rows:
