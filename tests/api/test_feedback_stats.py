@@ -7,7 +7,8 @@ fake OpenAI server (its usage: 11 prompt and 7 completion tokens a call).
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import psycopg
@@ -317,11 +318,16 @@ async def test_stats_match_a_scripted_history(
     assert one["feedback"] == {"positive": 1, "negative": 1, "neutral": 0, "with_comment": 1}
     assert one["first_activity_at"] == first["session"]["created_at"]
     assert one["last_activity_at"] == third["session"]["last_active_at"]
-    # From the first to the last activity, to the millisecond (the API rounds it).
+    # From the first to the last activity, to the millisecond: Postgres rounds the
+    # numeric half away from zero, so a span of 34.5 ms is 0.035 (exact decimals here,
+    # a float tolerance of half a millisecond fails on such a tie).
     span = datetime.fromisoformat(one["last_activity_at"]) - datetime.fromisoformat(
         one["first_activity_at"]
     )
-    assert abs(one["duration_seconds"] - span.total_seconds()) <= 0.0005, (one, span)
+    expected = (Decimal(span // timedelta(microseconds=1)) / 1_000_000).quantize(
+        Decimal("0.001"), rounding=ROUND_HALF_UP
+    )
+    assert one["duration_seconds"] == float(expected), (one, span)
     assert span.total_seconds() > 0  # three turns, one after the other
     cleared = (await api.get(f"/chat/stats/{gone['session_id']}", headers=auth)).json()
     assert (cleared["status"], cleared["messages"], cleared["turns"]) == ("cleared", 0, 1)
