@@ -66,8 +66,9 @@ column. No text holds a time expression, so recall's period list stays off
 (period=None, as for most turns). `--no-words`: text=None (the two vector
 lists only), to tell the words list's cost apart.
 
-The fill drops the migrations' HNSW indexes (*_recall_at_scale.sql) while
-it copies and builds them after (memchat.index_recall_keys, with
+The fill drops the migrations' HNSW indexes (*_recall_at_scale.sql; over
+the keys in half precision since *_half_precision_index.sql) while it
+copies and builds them after (memchat.index_recall_keys, with
 --maintenance-work-mem), as one build is far faster than a million inserts.
 
 1. **query**: `store.recall` (k=3, window 10, min score 0.3, from the

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -275,14 +276,54 @@ def test_a_new_column_size_keeps_the_indexes_where_hnsw_can(own: Fresh) -> None:
     ready = scalar(own.admin, "select memchat.recall_index_ready()")
     store.resize_embeddings(own.admin, 384)
     assert scalar(own.admin, "select memchat.recall_index_ready()") is ready
-    store.resize_embeddings(own.admin, 3072)  # past HNSW's 2,000 dimensions: exact only
+    assert index_sizes(own.admin) == ({384} if ready else set())
+    # text-embedding-3-large's 3,072: past vector's 2,000 dimensions, within
+    # the 4,000 of the halfvec indexes.
+    store.resize_embeddings(own.admin, 3072)
+    assert scalar(own.admin, "select memchat.recall_index_ready()") is ready
+    assert index_sizes(own.admin) == ({3072} if ready else set())
+    if ready:
+        # The statement reading the indexes is written for the new size (an
+        # index over halfvec(3072) serves only a query naming halfvec(3072)).
+        rng = random.Random(11)
+        caller = UserFactory(own.admin).create()
+        vectors = [unit([rng.gauss(0, 1) for _ in range(3072)]) for _ in range(6)]
+        ids = fill(own.admin, caller, vectors, [f"m{i}" for i in range(6)])
+        before = index_scans(own.admin)
+        with acting_as(own.admin, caller.claims) as conn:
+            conn.execute(
+                "select set_config('hnsw.iterative_scan', 'relaxed_order', true),"
+                " set_config('enable_sort', 'off', true), set_config('enable_seqscan', 'off', true)"
+            )
+            nearest = conn.execute(
+                "select message_id, distance from memchat.nearest_keys_indexed("
+                " %s, 'default', %s, %s::extensions.vector, 2)",
+                (caller.user_id, MODEL, vector_literal(vectors[4])),
+            ).fetchall()
+        assert [message_id for message_id, _ in nearest][:1] == [ids[4]]
+        assert nearest[0][1] == pytest.approx(0.0, abs=1e-6)  # from the stored vector
+        assert len(nearest) == 2
+        assert scans_after(own.admin, before) > 0
+    store.resize_embeddings(own.admin, 4001)  # past them: exact only
     assert scalar(own.admin, "select memchat.recall_index_ready()") is False
-    assert (
-        scalar(own.admin, "select count(*) from pg_class where relname = any(%s)", (list(INDEXES),))
-        == 0
-    )
+    assert index_sizes(own.admin) == set()
     store.resize_embeddings(own.admin, 512)
     assert scalar(own.admin, "select memchat.recall_index_ready()") is ready
+    assert index_sizes(own.admin) == ({512} if ready else set())
+
+
+def index_sizes(conn: psycopg.Connection) -> set[int]:
+    """The halfvec sizes the recall indexes are built over (none: no indexes)."""
+    rows = conn.execute(
+        "select pg_get_indexdef(c.oid) from pg_class c where c.relname = any(%s)",
+        (list(INDEXES),),
+    ).fetchall()
+    sizes = set()
+    for (definition,) in rows:
+        found = re.search(r"halfvec\((\d+)\)", definition)
+        assert found, definition
+        sizes.add(int(found.group(1)))
+    return sizes
 
 
 def test_a_long_history_leaves_its_commonest_words_out(own: Fresh) -> None:

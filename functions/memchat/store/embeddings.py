@@ -37,8 +37,10 @@ delete from memchat.message_facts_made m
                     where e.message_id = m.message_id and e.user_id = m.user_id)"""
 _RESIZE = sql.SQL("alter table memchat.{} alter column embedding type extensions.vector({})")
 _KEEP_IN_ROW = sql.SQL("alter table memchat.{} alter column embedding set storage main")
-# The HNSW indexes (migration *_recall_at_scale.sql) go before the type change
-# (HNSW takes at most 2,000 dimensions) and come back after it where they can.
+# The HNSW indexes (migration *_half_precision_index.sql: over the keys as
+# halfvec of the column's size, at most 4,000 dimensions) go before the type
+# change and come back after it where they can, with the statement that reads
+# them written for the new size (memchat.index_recall_keys).
 _DROP_INDEX = sql.SQL("drop index if exists memchat.{}")
 _VECTOR_INDEXES = ("message_embeddings_embedding_idx", "message_facts_embedding_idx")
 _INDEX_RECALL_KEYS = "select memchat.index_recall_keys()"
