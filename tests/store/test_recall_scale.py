@@ -289,6 +289,8 @@ def test_a_new_column_size_keeps_the_indexes_where_hnsw_can(own: Fresh) -> None:
         caller = UserFactory(own.admin).create()
         vectors = [unit([rng.gauss(0, 1) for _ in range(3072)]) for _ in range(6)]
         ids = fill(own.admin, caller, vectors, [f"m{i}" for i in range(6)])
+        other = UserFactory(own.admin).create()
+        fill(own.admin, other, vectors[:2], ["theirs"] * 2)
         before = index_scans(own.admin)
         with acting_as(own.admin, caller.claims) as conn:
             conn.execute(
@@ -300,6 +302,13 @@ def test_a_new_column_size_keeps_the_indexes_where_hnsw_can(own: Fresh) -> None:
                 " %s, 'default', %s, %s::extensions.vector, 2)",
                 (caller.user_id, MODEL, vector_literal(vectors[4])),
             ).fetchall()
+            # Under the caller's rights: another user's id names no row it may read.
+            theirs = conn.execute(
+                "select message_id from memchat.nearest_keys_indexed("
+                " %s, 'default', %s, %s::extensions.vector, 2)",
+                (other.user_id, MODEL, vector_literal(vectors[0])),
+            ).fetchall()
+        assert theirs == []
         assert [message_id for message_id, _ in nearest][:1] == [ids[4]]
         assert nearest[0][1] == pytest.approx(0.0, abs=1e-6)  # from the stored vector
         assert len(nearest) == 2
