@@ -25,9 +25,6 @@
 -- Building the indexes takes as long as the first time (about 140 s for
 -- 530,000 keys of 512 dimensions on 2 CPUs with maintenance_work_mem 1GB).
 
-drop index if exists memchat.message_embeddings_embedding_idx;
-drop index if exists memchat.message_facts_embedding_idx;
-
 -- The most dimensions halfvec's HNSW indexes (pgvector 0.7+).
 create function memchat.hnsw_max_dimensions() returns integer
 language sql immutable parallel safe
@@ -38,7 +35,8 @@ revoke all on function memchat.hnsw_max_dimensions() from public;
 -- Where pgvector has iterative scans and the column's size allows: the
 -- HNSW indexes over the keys in half precision, and the statement that
 -- reads them written for that size; otherwise no indexes (the exact scan).
--- An index of another size (the column changed since) is made again.
+-- An index of another size or kind (the column changed since, or the
+-- vector indexes of migration *_recall_at_scale.sql) is made again.
 -- Returns whether the indexes are there.
 create or replace function memchat.index_recall_keys() returns boolean
 language plpgsql
