@@ -447,10 +447,24 @@ def test_the_word_list_reads_the_callers_rounds_however_many_others_hold_the_wor
         )
         == 0
     )
-    # Nobody's words make the owner's lexeme, and it never counts as a word.
-    assert scalar(own.admin, "select memchat.any_words(%s)::text", (owner,)) == (
-        f"'user' | '{alice.user_id.hex}'"
-    )
+    # Nobody's words make the owner's lexeme, and it never counts as a word:
+    # the parser splits text at spaces (and a hex id such as 658e156a... at
+    # what reads as a number, 658e156), so no lexeme of it holds a space.
+    for text in (owner, "user 658e156a4a534f2fabefae2889a524a5"):
+        words = scalar(
+            own.admin,
+            "select tsvector_to_array(to_tsvector('english', %s))",
+            (text,),
+        )
+        assert words and all(" " not in word for word in words)
+        assert (
+            scalar(
+                own.admin,
+                "select array_to_tsvector(array[%s]) @@ memchat.any_words(%s)",
+                (text, text),
+            )
+            is False
+        )
     # The index is the only way to the rows here (a database of the test's own).
     own.admin.execute("drop index memchat.message_embeddings_owner_idx")
     own.admin.execute("analyze memchat.message_embeddings")
