@@ -21,6 +21,9 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 AGENT_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+# MEMORY_RECALL_DUPLICATE_SCORE's default, for recall called without settings
+# (memchat.store.embeddings.recall).
+DUPLICATE_SCORE = 0.95
 
 # The routes an HTTP process serves (ROUTE_GROUPS), one group per function
 # in template.yaml: chat = POST /chat; sessions = clear-session, sessions,
@@ -166,6 +169,14 @@ class Settings(BaseModel):
     memory_recall_k: int = Field(default=3, ge=0, le=10)
     # Cosine similarity below which a recalled message is dropped.
     memory_recall_min_score: float = Field(default=0.3, ge=-1, le=1)
+    # A recalled message at least this similar to a better one is the same
+    # memory said twice: only the better is kept. Per model, as the floor:
+    # 0.95 measured with all-MiniLM-L6-v2 (unrelated texts score near 0.1);
+    # e5 models score those near 0.8 and want 1, only identical ones
+    # (docs/benchmarks.md, "Another local model"). 0.9 also collapsed a fact
+    # with its update, "I have 3 bikes" and later "I have 4 bikes", which the
+    # model needs both of, with their dates.
+    memory_recall_duplicate_score: float = Field(default=DUPLICATE_SCORE, ge=0, le=1)
     # Recall also finds rounds (a message with its answer) by the message's
     # words (Postgres full text), fused with the nearest by meaning.
     memory_recall_words: bool = True

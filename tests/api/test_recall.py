@@ -134,6 +134,23 @@ async def test_near_duplicates_collapse_into_one_hit(api: ApiClient, model: Fake
     assert [q for q, _ in recalled(model.requests[-1])] == [FACT]
 
 
+async def test_the_duplicate_score_is_a_setting(
+    custom_api: Callable[..., ApiClient], model: FakeOpenAI
+) -> None:
+    # The fact said again with a word more: 0.86 similar to it (the test
+    # embedder), two memories at the default 0.95, one at 0.85.
+    again = f"{FACT}, really"
+    found = {}
+    for score in (0.95, 0.85):
+        api = custom_api(memory_recall_duplicate_score=score)
+        _, auth = api.new_user()
+        for text in (FACT, again):
+            await chat(api, auth, text, session_id=str(uuid.uuid4()))
+        await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()), recall_k=3)
+        found[score] = sorted(question for question, _ in recalled(model.requests[-1]))
+    assert found == {0.95: sorted([FACT, again]), 0.85: [FACT]}
+
+
 async def test_k_bounds_the_hits_best_first(custom_api: Callable[..., ApiClient]) -> None:
     # By meaning alone (no word match to fuse), best first is by similarity.
     api = custom_api(memory_recall_words=False)

@@ -128,9 +128,16 @@ async def run(args: argparse.Namespace) -> None:
         overrides[key.strip().lower()] = value
     with common.database() as target:
         admin = common.admin_connection(target.url)
-        server = start_server("127.0.0.1", 0, background=True)
-        with EmbeddingCache(upstream=server.url, path=args.cache) as cache:
+        # Another OpenAI-compatible server, or the local all-MiniLM-L6-v2 one.
+        server = None
+        local: dict[str, Any] = {
+            "embedding_base_url": args.embeddings,
+            "embedding_api_key": "local",
+        }
+        if not args.embeddings:
+            server = start_server("127.0.0.1", 0, background=True)
             local = local_settings(server)
+        with EmbeddingCache(upstream=local["embedding_base_url"], path=args.cache) as cache:
             settings = load_settings(
                 database_url=target.url,
                 supabase_jwt_secret=common.JWT_SECRET,
@@ -204,11 +211,13 @@ async def run(args: argparse.Namespace) -> None:
             finally:
                 await embedder.close()
                 await api.aclose()
-                server.close()
+                if server:
+                    server.close()
             print(common.machine_report(admin, target))
             print(
                 f"model {settings.openai_embedding_model} ({settings.embedding_dimensions}"
                 f" dimensions), k={K}, MEMORY_RECALL_MIN_SCORE={settings.memory_recall_min_score},"
+                f" MEMORY_RECALL_DUPLICATE_SCORE={settings.memory_recall_duplicate_score},"
                 f" MEMORY_RECALL_WORDS={settings.memory_recall_words},"
                 f" MEMORY_RECALL_TIME={settings.memory_recall_time}; data {args.data.name};"
                 f" embeddings cache {cache.hits} hits, {cache.misses} misses"
@@ -257,6 +266,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument(
         "--set", action="append", default=[], help="another setting, e.g. memory_recall_time=0"
+    )
+    parser.add_argument(
+        "--embeddings",
+        metavar="URL",
+        help="an OpenAI-compatible embeddings server (.../v1) instead of the local"
+        " all-MiniLM-L6-v2 one; name its model and size with --set openai_embedding_model=..."
+        " --set embedding_dimensions=... (and prefixes: embedding_query_prefix=...)",
     )
     parser.add_argument("--verbose", action="store_true", help="a line per question")
     asyncio.run(run(parser.parse_args(argv)))

@@ -96,7 +96,7 @@ def question_params(
     session), and the parameters of PIECES for its question (`vector`: the
     question's embedding); None if that run did not import it here."""
     from memchat import timeref
-    from memchat.store.embeddings import COLLAPSE_SIMILARITY
+    from memchat.config import DUPLICATE_SCORE
     from memchat.store.fragments import vector_literal
 
     document, _ = to_import(record)
@@ -113,7 +113,7 @@ def question_params(
         "q": vector_literal([float(x) for x in vector]),
         "m": MODEL,
         "t": record["question"],
-        "c": COLLAPSE_SIMILARITY,
+        "c": DUPLICATE_SCORE,
         "f": period.start if period else None,
         "u": period.end if period else None,
         "n": int(messages) // 2,

@@ -710,6 +710,7 @@ def test_the_chat_settings_are_stack_parameters_with_the_apps_defaults(function:
         ("MEMORY_MAX_CONTEXT_TOKENS", "MemoryMaxContextTokens"),
         ("MEMORY_RECALL_K", "MemoryRecallK"),
         ("MEMORY_RECALL_MIN_SCORE", "MemoryRecallMinScore"),
+        ("MEMORY_RECALL_DUPLICATE_SCORE", "MemoryRecallDuplicateScore"),
         ("MEMORY_RECALL_WORDS", "MemoryRecallWords"),
         ("MEMORY_RECALL_TIME", "MemoryRecallTime"),
         ("EMBEDDING_DIMENSIONS", "EmbeddingDimensions"),

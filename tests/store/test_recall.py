@@ -103,6 +103,19 @@ async def test_near_duplicates_collapse_at_point_nine_five(
     assert [h.question for h in hits] == ["best", "related"]
 
 
+async def test_the_duplicate_score_is_the_callers(db: Database, users: UserFactory) -> None:
+    # MEMORY_RECALL_DUPLICATE_SCORE: per model (e5's unrelated texts score
+    # about 0.8, so 0.95 there collapses different memories).
+    alice = users.create()
+    await say(db, alice, "best", unit(1))
+    await say(db, alice, "same thing again", unit(1, 0.1))  # ~0.995 to "best"
+    await say(db, alice, "related", angled(0.85, axis=2))
+    kept = await recall(db, alice, unit(1), k=3, duplicate_score=0.999)
+    assert [h.question for h in kept] == ["best", "same thing again", "related"]
+    fewer = await recall(db, alice, unit(1), k=3, duplicate_score=0.8)
+    assert [h.question for h in fewer] == ["best"]
+
+
 async def test_a_fact_and_its_update_are_both_recalled(db: Database, users: UserFactory) -> None:
     # 0.97 to the query each, 0.94 to each other: close, yet two memories
     # (an update of a fact says nearly what the fact said); 0.9 collapsed them.

@@ -10,17 +10,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from memchat.config import DUPLICATE_SCORE
 from memchat.store.db import REQUEST_ROLE, Database
 from memchat.store.fragments import vector_param
 from memchat.store.records import Caller, Embedding, Hit, Period
 from memchat.throttle import Bucket
-
-# Similar earlier messages at or above this similarity to a better hit are
-# the same memory said twice: only the better one is recalled. (0.9 also
-# collapsed a fact with its update, "I have 3 bikes" and later "I have 4
-# bikes", which the model needs both of, with their dates: measured on
-# LongMemEval, docs/benchmarks.md.)
-COLLAPSE_SIMILARITY = 0.95
 
 RECALL = "select memchat.recall(%s, %s, %s, %s::extensions.vector, %s, %s, %s, %s, %s, %s, %s)"
 _EMBEDDING_DIMENSIONS = "select memchat.embedding_dimensions()"
@@ -56,6 +50,7 @@ def recall_args(
     query: Embedding,
     k: int,
     min_score: float,
+    duplicate_score: float = DUPLICATE_SCORE,
     text: str | None = None,
     period: Period | None = None,
 ) -> tuple[Any, ...]:
@@ -69,7 +64,7 @@ def recall_args(
         text,
         k,
         min_score,
-        COLLAPSE_SIMILARITY,
+        duplicate_score,
         period.start if period else None,
         period.end if period else None,
     )
@@ -89,6 +84,7 @@ async def recall(
     query: Embedding,
     k: int,
     min_score: float,
+    duplicate_score: float = DUPLICATE_SCORE,
     text: str | None = None,
     period: Period | None = None,
     throttle: Bucket | None = None,
@@ -98,7 +94,8 @@ async def recall(
     nearest to `query` by their embedding or a fact key's, of its model only,
     fused by reciprocal rank with the rounds holding words of `text` and, with
     a `period`, the nearest within it; live sessions, outside the window of
-    `session_id`, near-duplicates collapsed); taking a token of `throttle`
+    `session_id`, each at `duplicate_score` or more similar to a better one
+    left out: the same memory said twice); taking a token of `throttle`
     first, in the same transaction, when given."""
     args = recall_args(
         session_id=session_id,
@@ -107,6 +104,7 @@ async def recall(
         query=query,
         k=k,
         min_score=min_score,
+        duplicate_score=duplicate_score,
         text=text,
         period=period,
     )

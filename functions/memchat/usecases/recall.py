@@ -149,6 +149,7 @@ class Recall:
             query=query,
             k=k,
             min_score=settings.memory_recall_min_score,
+            duplicate_score=settings.memory_recall_duplicate_score,
             text=text if settings.memory_recall_words else None,
             period=timeref.period_in(text, moment) if settings.memory_recall_time else None,
             throttle=throttle,
