@@ -118,6 +118,7 @@ async def run(args: argparse.Namespace) -> None:
     from memchat import bootstrap, devtokens
     from memchat.cli.embeddings import local_settings, start_server
     from memchat.config import load_settings
+    from memchat.model import minilm
     from memchat.throttle import Bucket
     from tests.utils.api import ApiClient
 
@@ -134,9 +135,12 @@ async def run(args: argparse.Namespace) -> None:
             "embedding_base_url": args.embeddings,
             "embedding_api_key": "local",
         }
+        min_score = 0.0 if args.min_score is None else args.min_score
         if not args.embeddings:
             server = start_server("127.0.0.1", 0, background=True)
             local = local_settings(server)
+            if args.min_score is None:
+                min_score = minilm.RECALL_MIN_SCORE
         with EmbeddingCache(upstream=local["embedding_base_url"], path=args.cache) as cache:
             settings = load_settings(
                 database_url=target.url,
@@ -147,7 +151,7 @@ async def run(args: argparse.Namespace) -> None:
                 # The local model embeds a batch of 256 long messages in seconds,
                 # minutes on a busy machine: the backfill's batch must not time out.
                 openai_timeout_seconds=600,
-                memory_recall_min_score=args.min_score,
+                memory_recall_min_score=min_score,
                 max_message_chars=1_000_000,
                 db_max_connections=4,
                 **{f"{bucket.value}_rate_per_minute": 0 for bucket in Bucket},
@@ -261,8 +265,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--min-score",
         type=float,
-        default=0.0,
-        help="MEMORY_RECALL_MIN_SCORE for the run (default 0: every candidate)",
+        default=None,
+        help="MEMORY_RECALL_MIN_SCORE for the run (default: all-MiniLM-L6-v2's floor, 0.2,"
+        " with the local model; 0, every candidate, with --embeddings)",
     )
     parser.add_argument(
         "--set", action="append", default=[], help="another setting, e.g. memory_recall_time=0"

@@ -52,7 +52,7 @@ DEEP = 300  # how far down --misses looks in each list
 MISSED = ("session_recall_all@5", "turn_recall_all@10")
 REPLAYED = "memchat.recall_replayed"
 CALL = (
-    "select {}(null, 'default', 0, %(q)s::extensions.vector, %(m)s, %(t)s, %(k)s, 0.0, %(c)s,"
+    "select {}(null, 'default', 0, %(q)s::extensions.vector, %(m)s, %(t)s, %(k)s, %(s)s, %(c)s,"
     " %(f)s, %(u)s)"
 )
 
@@ -124,6 +124,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="replay a copy of memchat.recall with OLD replaced by NEW",
     )
     parser.add_argument("--misses", action="store_true", help="where the missed evidence ranks")
+    parser.add_argument(
+        "--min-score",
+        type=float,
+        help="MEMORY_RECALL_MIN_SCORE (default: all-MiniLM-L6-v2's floor, as the run's)",
+    )
     args = parser.parse_args(argv)
 
     import psycopg
@@ -150,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 continue  # not imported by the run on this database
             user_id, params = found_user
             params["k"] = K
+            params["s"] = minilm.RECALL_MIN_SCORE if args.min_score is None else args.min_score
             _, exchange_at = to_import(record)
             with conn.transaction():
                 conn.execute(

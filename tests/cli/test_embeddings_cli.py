@@ -43,6 +43,10 @@ FACT = "my favourite colour is teal"
 QUESTION = "what is my favourite colour?"
 UNRELATED = "we fly to Lisbon in May"
 PARAPHRASE = "which hue do I like best?"  # FACT's meaning, none of its words
+# MiniLM scores these 0.287 and 0.142 against PARAPHRASE: above its floor
+# (minilm.RECALL_MIN_SCORE, 0.2) and below it; both under the default 0.3.
+NEARBY = "My car is a blue hatchback"
+UNRELATED = "I water the garden every Sunday morning"
 
 
 # ------------------------------------------------------------------ helpers
@@ -413,6 +417,7 @@ def test_dev_with_local_embeddings_recalls_with_minilm(
         output,
     )
     assert line, output
+    assert "recall:     MEMORY_RECALL_MIN_SCORE=0.2, all-MiniLM-L6-v2's floor" in output
     embeddings_url = line.group(1)
     assert httpx.get(f"{embeddings_url}/models", timeout=5).json()["data"][0]["id"] == MODEL
     assert column_size(own_database.admin) == DIMS
@@ -423,7 +428,18 @@ def test_dev_with_local_embeddings_recalls_with_minilm(
     first = httpx.post(f"{url}/chat", json={"message": FACT}, headers=auth, timeout=60)
     assert first.status_code == 200, first.text
     assert first.json()["memory"]["recall_status"] == "ok"
-    # A new conversation finds it by meaning: the two share no word.
+    nearby = {}
+    for text in (NEARBY, UNRELATED):
+        said = httpx.post(
+            f"{url}/chat",
+            json={"message": text, "session_id": str(uuid.uuid4())},
+            headers=auth,
+            timeout=60,
+        )
+        assert said.status_code == 200, said.text
+        nearby[text] = said.json()["user_message_id"]
+    # A new conversation finds it by meaning: the two share no word. The
+    # car's colour, above MiniLM's floor, comes after; the garden does not.
     second = httpx.post(
         f"{url}/chat",
         json={"message": PARAPHRASE, "session_id": str(uuid.uuid4())},
@@ -433,11 +449,13 @@ def test_dev_with_local_embeddings_recalls_with_minilm(
     assert second.status_code == 200, second.text
     memory: dict[str, Any] = second.json()["memory"]
     assert memory["recall_status"] == "ok"
-    assert [hit["message_id"] for hit in memory["recalled"]] == [first.json()["user_message_id"]]
+    assert [hit["message_id"] for hit in memory["recalled"]] == [
+        first.json()["user_message_id"],
+        nearby[NEARBY],
+    ]
     user_id = _user_of(own_database, first.json())
     assert embedded(own_database.admin, user_id) == {
-        FACT: (MODEL, DIMS),
-        PARAPHRASE: (MODEL, DIMS),
+        text: (MODEL, DIMS) for text in (FACT, NEARBY, UNRELATED, PARAPHRASE)
     }
     want = model.embed([FACT])[0].tolist()
     assert stored_vector(own_database.admin, FACT) == pytest.approx(want, abs=1e-5)

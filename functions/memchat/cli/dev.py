@@ -181,6 +181,7 @@ def _local_embeddings(owner_url: str, run: _DevRun, overrides: dict[str, Any]) -
     code when that cannot be done (said why)."""
     from memchat import store
     from memchat.cli.embeddings import local_settings, start_server
+    from memchat.model import minilm
     from memchat.model.minilm import ModelUnavailable
 
     try:
@@ -190,6 +191,12 @@ def _local_embeddings(owner_url: str, run: _DevRun, overrides: dict[str, Any]) -
         return 2
     local = local_settings(run.embeddings)
     overrides.update(local)
+    if "MEMORY_RECALL_MIN_SCORE" not in os.environ:
+        overrides["memory_recall_min_score"] = minilm.RECALL_MIN_SCORE
+        err(
+            f"recall:     MEMORY_RECALL_MIN_SCORE={minilm.RECALL_MIN_SCORE}, {minilm.NAME}'s floor"
+            " (set it to choose another)"
+        )
     wanted = local["embedding_dimensions"]
     with store.connect(owner_url) as conn:
         stored = store.embedding_dimensions(conn, role=None)

@@ -53,6 +53,12 @@ if TYPE_CHECKING:
 
 NAME = "all-MiniLM-L6-v2"
 DIMENSIONS = 384
+# The recall floor (MEMORY_RECALL_MIN_SCORE) for this model's similarities,
+# what `memchat dev --embeddings local` recalls with: on LongMemEval's dev
+# split 0.2 scored best of 0-0.3, and 0.15-0.25 within a question of it;
+# 0.3, the default (for OpenAI's models), dropped evidence, and 0 let in
+# word matches that mean nothing near (docs/benchmarks.md, "MiniLM's floor").
+RECALL_MIN_SCORE = 0.2
 # sentence_bert_config.json's max_seq_length: longer texts are cut there.
 MAX_TOKENS = 256
 # config.json: 12 heads of 32 dimensions, 6 layers, layer norm epsilon.
