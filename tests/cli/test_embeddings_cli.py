@@ -428,8 +428,8 @@ def test_dev_with_local_embeddings_recalls_with_minilm(
     first = httpx.post(f"{url}/chat", json={"message": FACT}, headers=auth, timeout=60)
     assert first.status_code == 200, first.text
     assert first.json()["memory"]["recall_status"] == "ok"
-    nearby = {}
-    for text in (NEARBY, UNRELATED):
+
+    def turn(text: str) -> dict[str, Any]:
         said = httpx.post(
             f"{url}/chat",
             json={"message": text, "session_id": str(uuid.uuid4())},
@@ -437,17 +437,13 @@ def test_dev_with_local_embeddings_recalls_with_minilm(
             timeout=60,
         )
         assert said.status_code == 200, said.text
-        nearby[text] = said.json()["user_message_id"]
+        body: dict[str, Any] = said.json()
+        return body
+
+    nearby = {text: turn(text)["user_message_id"] for text in (NEARBY, UNRELATED)}
     # A new conversation finds it by meaning: the two share no word. The
     # car's colour, above MiniLM's floor, comes after; the garden does not.
-    second = httpx.post(
-        f"{url}/chat",
-        json={"message": PARAPHRASE, "session_id": str(uuid.uuid4())},
-        headers=auth,
-        timeout=60,
-    )
-    assert second.status_code == 200, second.text
-    memory: dict[str, Any] = second.json()["memory"]
+    memory: dict[str, Any] = turn(PARAPHRASE)["memory"]
     assert memory["recall_status"] == "ok"
     assert [hit["message_id"] for hit in memory["recalled"]] == [
         first.json()["user_message_id"],
