@@ -129,18 +129,18 @@ async def run(args: argparse.Namespace) -> None:
         overrides[key.strip().lower()] = value
     with common.database() as target:
         admin = common.admin_connection(target.url)
-        # Another OpenAI-compatible server, or the local all-MiniLM-L6-v2 one.
-        server = None
-        local: dict[str, Any] = {
-            "embedding_base_url": args.embeddings,
-            "embedding_api_key": "local",
-        }
-        min_score = 0.0 if args.min_score is None else args.min_score
-        if not args.embeddings:
-            server = start_server("127.0.0.1", 0, background=True)
-            local = local_settings(server)
-            if args.min_score is None:
-                min_score = minilm.RECALL_MIN_SCORE
+        # Another OpenAI-compatible server (every candidate by default), or
+        # the local all-MiniLM-L6-v2 one (its floor).
+        server = None if args.embeddings else start_server("127.0.0.1", 0, background=True)
+        if server is None:
+            local: dict[str, Any] = {
+                "embedding_base_url": args.embeddings,
+                "embedding_api_key": "local",
+            }
+            floor = 0.0
+        else:
+            local, floor = local_settings(server), minilm.RECALL_MIN_SCORE
+        min_score = floor if args.min_score is None else args.min_score
         with EmbeddingCache(upstream=local["embedding_base_url"], path=args.cache) as cache:
             settings = load_settings(
                 database_url=target.url,

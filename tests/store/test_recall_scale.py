@@ -274,14 +274,16 @@ async def test_a_short_history_is_ranked_exactly(own: Fresh) -> None:
 
 def test_a_new_column_size_keeps_the_indexes_where_hnsw_can(own: Fresh) -> None:
     ready = scalar(own.admin, "select memchat.recall_index_ready()")
-    store.resize_embeddings(own.admin, 384)
-    assert scalar(own.admin, "select memchat.recall_index_ready()") is ready
-    assert index_sizes(own.admin) == ({384} if ready else set())
+
+    def resize(dimensions: int, indexed: bool) -> None:
+        store.resize_embeddings(own.admin, dimensions)
+        assert scalar(own.admin, "select memchat.recall_index_ready()") is indexed
+        assert index_sizes(own.admin) == ({dimensions} if indexed else set())
+
+    resize(384, ready)
     # text-embedding-3-large's 3,072: past vector's 2,000 dimensions, within
     # the 4,000 of the halfvec indexes.
-    store.resize_embeddings(own.admin, 3072)
-    assert scalar(own.admin, "select memchat.recall_index_ready()") is ready
-    assert index_sizes(own.admin) == ({3072} if ready else set())
+    resize(3072, ready)
     if ready:
         # The statement reading the indexes is written for the new size (an
         # index over halfvec(3072) serves only a query naming halfvec(3072)).
@@ -292,33 +294,29 @@ def test_a_new_column_size_keeps_the_indexes_where_hnsw_can(own: Fresh) -> None:
         other = UserFactory(own.admin).create()
         fill(own.admin, other, vectors[:2], ["theirs"] * 2)
         before = index_scans(own.admin)
+        nearest_keys = (
+            "select message_id, distance from memchat.nearest_keys_indexed("
+            " %s, 'default', %s, %s::extensions.vector, 2)"
+        )
         with acting_as(own.admin, caller.claims) as conn:
             conn.execute(
                 "select set_config('hnsw.iterative_scan', 'relaxed_order', true),"
                 " set_config('enable_sort', 'off', true), set_config('enable_seqscan', 'off', true)"
             )
             nearest = conn.execute(
-                "select message_id, distance from memchat.nearest_keys_indexed("
-                " %s, 'default', %s, %s::extensions.vector, 2)",
-                (caller.user_id, MODEL, vector_literal(vectors[4])),
+                nearest_keys, (caller.user_id, MODEL, vector_literal(vectors[4]))
             ).fetchall()
             # Under the caller's rights: another user's id names no row it may read.
             theirs = conn.execute(
-                "select message_id from memchat.nearest_keys_indexed("
-                " %s, 'default', %s, %s::extensions.vector, 2)",
-                (other.user_id, MODEL, vector_literal(vectors[0])),
+                nearest_keys, (other.user_id, MODEL, vector_literal(vectors[0]))
             ).fetchall()
         assert theirs == []
         assert [message_id for message_id, _ in nearest][:1] == [ids[4]]
         assert nearest[0][1] == pytest.approx(0.0, abs=1e-6)  # from the stored vector
         assert len(nearest) == 2
         assert scans_after(own.admin, before) > 0
-    store.resize_embeddings(own.admin, 4001)  # past them: exact only
-    assert scalar(own.admin, "select memchat.recall_index_ready()") is False
-    assert index_sizes(own.admin) == set()
-    store.resize_embeddings(own.admin, 512)
-    assert scalar(own.admin, "select memchat.recall_index_ready()") is ready
-    assert index_sizes(own.admin) == ({512} if ready else set())
+    resize(4001, False)  # past them: exact only
+    resize(512, ready)
 
 
 def index_sizes(conn: psycopg.Connection) -> set[int]:
