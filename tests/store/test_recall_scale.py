@@ -370,6 +370,25 @@ def test_a_long_history_leaves_its_commonest_words_out(own: Fresh) -> None:
     # Phrases and exclusions are left whole.
     assert rarer('"weather report" zebra7', 40_000) == "'weather' <-> 'report' | 'zebra7'"
 
+    # Recall's own budget (migration *_words_budget.sql): a history past 100
+    # rounds leaves its commonest words out; one of 100 keeps them all.
+    def rarer_in_recall(text: str, rounds: int) -> str:
+        with acting_as(own.admin, caller.claims) as conn:
+            return str(
+                scalar(
+                    conn,
+                    "select memchat.rarer_words(memchat.any_words(%s), %s,"
+                    " memchat.words_budget())::text",
+                    (text, rounds),
+                )
+            )
+
+    assert rarer_in_recall("weather zebra7", 101) == "'zebra7'"
+    assert rarer_in_recall("weather zebra7", 100) == "'weather' | 'zebra7'"
+    # No word list when the rarest word is expected in over 1,000 rounds.
+    assert rarer_in_recall("weather", 1_000) == "'weather'"
+    assert rarer_in_recall("weather", 1_001) == "None"
+
 
 def test_the_word_list_reads_only_the_callers_rounds(own: Fresh) -> None:
     # memchat.rounds_matching runs as the owner (so the GIN index can be
