@@ -21,8 +21,10 @@ sha256), which memchat reaches through its normal embeddings client
 (an hour or more on 2 CPUs), a rerun reads them from the cache in minutes.
 
 Scores (tests/bench/longmemeval_scoring.py; abstention questions left out),
-per question type and overall; recall latency is the search's own time as
-the API reports it (Server-Timing `recall`), the query's embedding aside.
+per question type and overall, then each overall figure's 95% bootstrap
+interval (how far it could move on another split this size); recall
+latency is the search's own time as the API reports it (Server-Timing
+`recall`), the query's embedding aside.
 The import's speed (messages stored per second by POST /sessions/import,
 embeddings aside: they come after, from the backfill) is printed too.
 

@@ -37,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: find `tests`
 
+from tests.bench._common import format_table
 from tests.bench.bench_longmemeval import DEFAULT_DATA, K, _iso, load, to_import
 from tests.bench.bench_recall_pieces import PIECES, question_params
 from tests.bench.longmemeval_scoring import (
@@ -46,6 +47,7 @@ from tests.bench.longmemeval_scoring import (
     question_of,
     score,
     summary_line,
+    table,
 )
 
 DEEP = 300  # how far down --misses looks in each list
@@ -188,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for report in reports:
         print(report)
     print(f"function: {function} {args.replace or ''}; latency: the statement from the client")
+    print(format_table(*table(scored)))
     print(summary_line(scored))
 
 

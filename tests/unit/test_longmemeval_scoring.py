@@ -8,8 +8,10 @@ import math
 import pytest
 
 from tests.bench.longmemeval_scoring import (
+    METRICS,
     Scored,
     exchanges_of,
+    intervals,
     question_of,
     score,
     summary_line,
@@ -137,10 +139,30 @@ def test_the_overall_line_leaves_abstention_out() -> None:
         " turn_recall_any@5=0.667 turn_recall_all@10=0.667 p95_ms=3.0"
     )
     headers, rows = table(scored)
-    assert headers[0] == "question type" and rows[-1][:2] == ["overall", "3"]
+    assert headers[0] == "question type" and rows[-2][:2] == ["overall", "3"]
     assert [row[0] for row in rows] == [
         "knowledge-update",
         "multi-session",
         "single-session-assistant",
         "overall",
+        "overall, 95% interval",
     ]
+    # Every question found an answer session in the top 5: no interval to it.
+    assert rows[-1][2] == "1.000-1.000"
+
+
+def fixed(values: list[float]) -> list[Scored]:
+    """Questions scoring `values` on every metric."""
+    question = question_of(MULTI)
+    return [Scored(question, dict.fromkeys(METRICS, v), 1.0) for v in values]
+
+
+def test_the_intervals_bracket_the_mean_by_the_sample_size() -> None:
+    half = intervals(fixed([1.0, 0.0] * 20))  # 40 questions, mean 0.5
+    low, high = half["turn_recall_all@10"]
+    # The binomial's: 0.5 +- 1.96 * sqrt(0.25 / 40) = 0.345-0.655.
+    assert 0.30 < low < 0.40 and 0.60 < high < 0.70
+    wider = intervals(fixed([1.0, 0.0] * 5))  # 10 questions: a wider interval
+    assert wider["turn_recall_all@10"][1] - wider["turn_recall_all@10"][0] > high - low
+    assert intervals(fixed([1.0] * 30))["session_recall_all@5"] == (1.0, 1.0)
+    assert intervals(fixed([1.0, 0.0] * 20)) == half  # seeded: the same twice
