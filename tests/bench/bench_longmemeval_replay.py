@@ -20,7 +20,11 @@ scan) and by words (the word list), 300 deep, and the exchanges the
 statement returned.
 
     DATABASE_URL=... python tests/bench/bench_longmemeval.py
-    DATABASE_URL=... python tests/bench/bench_longmemeval_replay.py [--misses]
+With `--neighbours`, the exchange-level metrics also over what the prompt
+shows: each hit with the exchange before it (memchat.recall's `before`),
+and with the exchange after it as well (which memchat does not show).
+
+    DATABASE_URL=... python tests/bench/bench_longmemeval_replay.py [--misses] [--neighbours]
     DATABASE_URL=... python tests/bench/bench_longmemeval_replay.py \\
         --replace '* 0.9 ^' '* 0.8 ^'
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -41,10 +46,12 @@ from tests.bench._common import format_table
 from tests.bench.bench_longmemeval import DEFAULT_DATA, K, _iso, load, to_import
 from tests.bench.bench_recall_pieces import PIECES, question_params
 from tests.bench.longmemeval_scoring import (
+    REACH,
     Exchange,
     Question,
     Scored,
     question_of,
+    reach,
     score,
     summary_line,
     table,
@@ -96,6 +103,35 @@ def exchanges_by_id(conn: Any, user_id: Any, exchange_at: Mapping[Any, Exchange]
     return found
 
 
+def shown_reach(
+    question: Question,
+    hits: Sequence[Exchange],
+    found: Sequence[Mapping[str, Any]],
+    ids: Mapping[int, Exchange],
+    exchange_at: Mapping[Any, Exchange],
+) -> dict[str, dict[str, float]]:
+    """`reach` for the hits alone, with the exchange before each (memchat.recall's
+    `before`, which the prompt shows), and with the exchange after each too."""
+    order: dict[str, list[int]] = {}
+    for session, index in sorted(exchange_at.values()):
+        order.setdefault(session, []).append(index)
+    before = {
+        hit: [ids[h["before"]["message_id"]]]
+        for hit, h in zip(hits, found, strict=True)
+        if h.get("before") and h["before"]["message_id"] in ids
+    }
+    around = {hit: list(before.get(hit, [])) for hit in hits}
+    for session, index in hits:
+        later = [i for i in order[session] if i > index]
+        if later:
+            around[(session, index)].append((session, later[0]))
+    return {
+        "the hits (LongMemEval's metrics)": reach(question, hits, {}),
+        "+ the exchange before each (the prompt shows it)": reach(question, hits, before),
+        "+ the exchange after each too (not built)": reach(question, hits, around),
+    }
+
+
 def misses(
     question: Question, hits: Sequence[Exchange], meaning: Sequence[Any], words: Sequence[Any]
 ) -> str:
@@ -127,6 +163,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--misses", action="store_true", help="where the missed evidence ranks")
     parser.add_argument(
+        "--neighbours",
+        action="store_true",
+        help="exchange recall over what the prompt shows: each hit with the exchange before it"
+        " (as memchat shows it), and with the one after it too (not built)",
+    )
+    parser.add_argument(
         "--min-score",
         type=float,
         help="MEMORY_RECALL_MIN_SCORE (default: all-MiniLM-L6-v2's floor, as the run's)",
@@ -148,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     function = replayed_function(conn, args.replace) if args.replace else "memchat.recall"
     call = sql.SQL(CALL).format(_name(function))
     scored: list[Scored] = []
+    reached: list[dict[str, dict[str, float]]] = []
     reports: list[str] = []
     try:
         for record, vector in zip(records, vectors, strict=True):
@@ -169,6 +212,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                 hits = [exchange_at[(h["session_id"], _iso(h["created_at"]))] for h in found]
                 metrics = score(question, hits)
                 scored.append(Scored(question, metrics, ms))
+                if args.neighbours:
+                    ids = exchanges_by_id(conn, user_id, exchange_at)
+                    reached.append(shown_reach(question, hits, found, ids, exchange_at))
                 if args.misses and any(metrics[name] < 1 for name in MISSED):
                     ids = exchanges_by_id(conn, user_id, exchange_at)
                     deep = {**params, "d": DEEP}
@@ -191,6 +237,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(report)
     print(f"function: {function} {args.replace or ''}; latency: the statement from the client")
     print(format_table(*table(scored)))
+    if reached:
+        rows = [
+            [label, *(f"{statistics.fmean(r[label][m] for r in reached):.3f}" for m in REACH)]
+            for label in reached[0]
+        ]
+        print(format_table(["exchanges counted", *REACH], rows))
     print(summary_line(scored))
 
 

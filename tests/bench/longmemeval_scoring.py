@@ -138,6 +138,34 @@ def score(question: Question, hits: Sequence[Exchange]) -> dict[str, float]:
     }
 
 
+REACH = ("turn_recall_any@3", "turn_recall_any@5", "turn_recall_all@10")
+
+
+def reach(
+    question: Question,
+    hits: Sequence[Exchange],
+    neighbours: Mapping[Exchange, Sequence[Exchange]],
+) -> dict[str, float]:
+    """The exchange-level metrics over what the prompt would show: the top k
+    hits and each one's `neighbours` (a hit brings the exchange before it in
+    its session into the prompt). LongMemEval's metrics count the hits alone
+    (`score`); this says how much evidence reaches the model."""
+    evidence = question.evidence
+    complete = question.unreachable_evidence == 0
+
+    def shown(k: int) -> set[Exchange]:
+        found = set(hits[:k])
+        for hit in hits[:k]:
+            found.update(neighbours.get(hit, ()))
+        return found
+
+    return {
+        "turn_recall_any@3": float(bool(evidence & shown(3))),
+        "turn_recall_any@5": float(bool(evidence & shown(5))),
+        "turn_recall_all@10": float(complete and bool(evidence) and evidence <= shown(10)),
+    }
+
+
 @dataclass(frozen=True)
 class Scored:
     question: Question

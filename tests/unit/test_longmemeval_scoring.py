@@ -13,6 +13,7 @@ from tests.bench.longmemeval_scoring import (
     exchanges_of,
     intervals,
     question_of,
+    reach,
     score,
     summary_line,
     table,
@@ -166,3 +167,22 @@ def test_the_intervals_bracket_the_mean_by_the_sample_size() -> None:
     assert wider["turn_recall_all@10"][1] - wider["turn_recall_all@10"][0] > high - low
     assert intervals(fixed([1.0] * 30))["session_recall_all@5"] == (1.0, 1.0)
     assert intervals(fixed([1.0, 0.0] * 20)) == half  # seeded: the same twice
+
+
+def test_what_reaches_the_model_counts_each_hits_neighbours() -> None:
+    question = question_of(MULTI)  # evidence ("s1", 0) and ("s2", 2)
+    hits = [("s2", 0), ("x", 0), ("y", 0), ("s1", 0)]
+    # The hits alone: s1's evidence is 4th, s2's is not recalled.
+    assert reach(question, hits, {}) == {
+        "turn_recall_any@3": 0.0,
+        "turn_recall_any@5": 1.0,
+        "turn_recall_all@10": 0.0,
+    }
+    # s2's first exchange brings the one after it, which holds the evidence.
+    assert reach(question, hits, {("s2", 0): [("s2", 2)]}) == {
+        "turn_recall_any@3": 1.0,
+        "turn_recall_any@5": 1.0,
+        "turn_recall_all@10": 1.0,
+    }
+    # A neighbour counts only with its hit inside the cut.
+    assert reach(question, hits, {("s1", 0): [("s2", 2)]})["turn_recall_any@3"] == 0.0
