@@ -19,11 +19,11 @@ exchange recall_all@10: each evidence exchange's rank by meaning (the exact
 scan) and by words (the word list), 300 deep, and the exchanges the
 statement returned.
 
-    DATABASE_URL=... python tests/bench/bench_longmemeval.py
 With `--neighbours`, the exchange-level metrics also over what the prompt
 shows: each hit with the exchange before it (memchat.recall's `before`),
 and with the exchange after it as well (which memchat does not show).
 
+    DATABASE_URL=... python tests/bench/bench_longmemeval.py
     DATABASE_URL=... python tests/bench/bench_longmemeval_replay.py [--misses] [--neighbours]
     DATABASE_URL=... python tests/bench/bench_longmemeval_replay.py \\
         --replace '* 0.9 ^' '* 0.8 ^'
