@@ -212,11 +212,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                 hits = [exchange_at[(h["session_id"], _iso(h["created_at"]))] for h in found]
                 metrics = score(question, hits)
                 scored.append(Scored(question, metrics, ms))
+                missed = args.misses and any(metrics[name] < 1 for name in MISSED)
+                if args.neighbours or missed:
+                    ids = exchanges_by_id(conn, user_id, exchange_at)
                 if args.neighbours:
-                    ids = exchanges_by_id(conn, user_id, exchange_at)
                     reached.append(shown_reach(question, hits, found, ids, exchange_at))
-                if args.misses and any(metrics[name] < 1 for name in MISSED):
-                    ids = exchanges_by_id(conn, user_id, exchange_at)
+                if missed:
                     deep = {**params, "d": DEEP}
                     (meaning,) = conn.execute(PIECES["nearest"], deep).fetchone()
                     (words,) = conn.execute(PIECES["words"], deep).fetchone()

@@ -112,8 +112,6 @@ def score(question: Question, hits: Sequence[Exchange]) -> dict[str, float]:
     """The question's metrics for the ranked hits (best first)."""
     sessions = ranked_sessions(hits)
     answer = question.answer_sessions
-    evidence = question.evidence
-    complete = question.unreachable_evidence == 0
 
     def sessions_any(k: int) -> float:
         return float(bool(answer & set(sessions[:k])))
@@ -121,20 +119,12 @@ def score(question: Question, hits: Sequence[Exchange]) -> dict[str, float]:
     def sessions_all(k: int) -> float:
         return float(bool(answer) and answer <= set(sessions[:k]))
 
-    def turns_any(k: int) -> float:
-        return float(bool(evidence & set(hits[:k])))
-
-    def turns_all(k: int) -> float:
-        return float(complete and bool(evidence) and evidence <= set(hits[:k]))
-
     return {
         "session_recall_any@5": sessions_any(5),
         "session_recall_all@5": sessions_all(5),
         "session_recall_all@10": sessions_all(10),
         "ndcg_any@10": _ndcg(sessions, answer, 10),
-        "turn_recall_any@3": turns_any(3),
-        "turn_recall_any@5": turns_any(5),
-        "turn_recall_all@10": turns_all(10),
+        **reach(question, hits, {}),  # the exchange level: the hits alone
     }
 
 
@@ -146,10 +136,10 @@ def reach(
     hits: Sequence[Exchange],
     neighbours: Mapping[Exchange, Sequence[Exchange]],
 ) -> dict[str, float]:
-    """The exchange-level metrics over what the prompt would show: the top k
-    hits and each one's `neighbours` (a hit brings the exchange before it in
-    its session into the prompt). LongMemEval's metrics count the hits alone
-    (`score`); this says how much evidence reaches the model."""
+    """The exchange-level metrics over the top k hits and each one's
+    `neighbours`: with none, LongMemEval's (`score`); with the exchange each
+    hit brings into the prompt (the one before it in its session), how much
+    evidence reaches the model."""
     evidence = question.evidence
     complete = question.unreachable_evidence == 0
 

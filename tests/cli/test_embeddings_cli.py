@@ -46,7 +46,7 @@ PARAPHRASE = "which hue do I like best?"  # FACT's meaning, none of its words
 # MiniLM scores these 0.287 and 0.142 against PARAPHRASE: above its floor
 # (minilm.RECALL_MIN_SCORE, 0.2) and below it; both under the default 0.3.
 NEARBY = "My car is a blue hatchback"
-UNRELATED = "I water the garden every Sunday morning"
+FAR = "I water the garden every Sunday morning"
 
 
 # ------------------------------------------------------------------ helpers
@@ -440,7 +440,7 @@ def test_dev_with_local_embeddings_recalls_with_minilm(
         body: dict[str, Any] = said.json()
         return body
 
-    nearby = {text: turn(text)["user_message_id"] for text in (NEARBY, UNRELATED)}
+    nearby = {text: turn(text)["user_message_id"] for text in (NEARBY, FAR)}
     # A new conversation finds it by meaning: the two share no word. The
     # car's colour, above MiniLM's floor, comes after; the garden does not.
     memory: dict[str, Any] = turn(PARAPHRASE)["memory"]
@@ -451,7 +451,7 @@ def test_dev_with_local_embeddings_recalls_with_minilm(
     ]
     user_id = _user_of(own_database, first.json())
     assert embedded(own_database.admin, user_id) == {
-        text: (MODEL, DIMS) for text in (FACT, NEARBY, UNRELATED, PARAPHRASE)
+        text: (MODEL, DIMS) for text in (FACT, NEARBY, FAR, PARAPHRASE)
     }
     want = model.embed([FACT])[0].tolist()
     assert stored_vector(own_database.admin, FACT) == pytest.approx(want, abs=1e-5)

@@ -338,14 +338,16 @@ def test_a_long_history_leaves_its_commonest_words_out(own: Fresh) -> None:
     rng = random.Random(5)
     size = 400
 
-    def rarer(text: str, rounds: int) -> str:
+    def rarer(text: str, rounds: int, budget: int | None = 1000) -> str:
         # As the caller: the statistics are those of the caller's partition.
+        # No budget: recall's own (memchat.words_budget()).
         with acting_as(own.admin, caller.claims) as conn:
             return str(
                 scalar(
                     conn,
-                    "select memchat.rarer_words(memchat.any_words(%s), %s, 1000)::text",
-                    (text, rounds),
+                    "select memchat.rarer_words(memchat.any_words(%s), %s,"
+                    " coalesce(%s, memchat.words_budget()))::text",
+                    (text, rounds, budget),
                 )
             )
 
@@ -372,22 +374,11 @@ def test_a_long_history_leaves_its_commonest_words_out(own: Fresh) -> None:
 
     # Recall's own budget (migration *_words_budget.sql): a history past 100
     # rounds leaves its commonest words out; one of 100 keeps them all.
-    def rarer_in_recall(text: str, rounds: int) -> str:
-        with acting_as(own.admin, caller.claims) as conn:
-            return str(
-                scalar(
-                    conn,
-                    "select memchat.rarer_words(memchat.any_words(%s), %s,"
-                    " memchat.words_budget())::text",
-                    (text, rounds),
-                )
-            )
-
-    assert rarer_in_recall("weather zebra7", 101) == "'zebra7'"
-    assert rarer_in_recall("weather zebra7", 100) == "'weather' | 'zebra7'"
+    assert rarer("weather zebra7", 101, None) == "'zebra7'"
+    assert rarer("weather zebra7", 100, None) == "'weather' | 'zebra7'"
     # No word list when the rarest word is expected in over 1,000 rounds.
-    assert rarer_in_recall("weather", 1_000) == "'weather'"
-    assert rarer_in_recall("weather", 1_001) == "None"
+    assert rarer("weather", 1_000, None) == "'weather'"
+    assert rarer("weather", 1_001, None) == "None"
 
 
 def test_the_word_list_reads_only_the_callers_rounds(own: Fresh) -> None:
