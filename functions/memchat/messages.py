@@ -231,7 +231,10 @@ MEMORY_PREAMBLE = (
 # their label on the same line, as one JSON string.
 NOTES_PREAMBLE = "Long-term notes about this user (curated by you across conversations):"
 # Then one `[<date> · conversation "<title>" · <id prefix>]` line per exchange,
-# a `User: "..."` line and, when there was an answer, an `Assistant: "..."` line.
+# a `User: "..."` line and, when there was an answer, an `Assistant: "..."` line;
+# the exchange before it in its conversation first under the same header, the
+# one after it last, under NEXT_IN_CONVERSATION.
+NEXT_IN_CONVERSATION = "[next in that conversation]"
 RECALL_PREAMBLE = (
     "Earlier conversations with this user that may be relevant (recalled by meaning;"
     " they are not part of this conversation):"

@@ -94,9 +94,10 @@ async def test_search_finds_a_round_by_a_word_of_its_answer(
     assert [h["session_id"] for h in body["hits"]] == [ids[-1]]
     assert body["hits"][0]["answer"] == "the Sigma zoomlens suits your Sony body"
     assert body["hits"][0]["before"] is None  # it opens its session
+    assert body["hits"][0]["after"] is None  # and ends it
 
 
-async def test_a_hit_brings_the_exchange_before_it(api: ApiClient, embedder: Embedder) -> None:
+async def test_a_hit_brings_the_exchanges_around_it(api: ApiClient, embedder: Embedder) -> None:
     _, auth = api.new_user()
     await import_sessions(
         api,
@@ -106,6 +107,9 @@ async def test_a_hit_brings_the_exchange_before_it(api: ApiClient, embedder: Emb
             ("assistant", "Congratulations!", at(2)),
             ("user", "what should a young dog eat", at(2)),
             ("assistant", "puppy food", at(2)),
+            ("user", "thanks, and how often?", at(2)),
+            ("assistant", "three times a day", at(2)),
+            ("user", "one more thing", at(2)),
         ],
     )
     await embedder.run()
@@ -113,6 +117,9 @@ async def test_a_hit_brings_the_exchange_before_it(api: ApiClient, embedder: Emb
     assert hit["question"] == "what should a young dog eat"
     assert hit["before"]["question"] == "I adopted a puppy named Rex"
     assert hit["before"]["answer"] == "Congratulations!"
+    # The next exchange only: not the one after that.
+    assert hit["after"]["question"] == "thanks, and how often?"
+    assert hit["after"]["answer"] == "three times a day"
 
 
 async def test_a_word_match_outranks_every_match_by_meaning_alone(

@@ -481,3 +481,35 @@ async def test_a_recalled_exchange_brings_the_one_before_it_into_the_prompt(
     recalled_exchanges = remembered(model.requests[-1]).recalled
     (hit,) = [e for e in recalled_exchanges if e.question == "what should a young dog eat"]
     assert hit.before == ("I adopted a puppy named Rex", "echo: I adopted a puppy named Rex")
+
+
+async def test_a_recalled_exchange_brings_the_one_after_it_into_the_prompt(
+    api: ApiClient, model: FakeOpenAI
+) -> None:
+    _, auth = api.new_user()
+    first = await chat(api, auth, "what should a young dog eat")
+    await chat(api, auth, "he is called Rex and loves carrots", session_id=first["session_id"])
+    await chat(api, auth, "what should a young dog eat?", session_id=str(uuid.uuid4()))
+    (hit,) = remembered(model.requests[-1]).recalled
+    assert (hit.question, hit.before) == ("what should a young dog eat", None)
+    assert hit.after == (
+        "he is called Rex and loves carrots",
+        "echo: he is called Rex and loves carrots",
+    )
+
+
+async def test_the_exchange_after_a_hit_is_not_repeated_from_the_window(
+    custom_api: Callable[..., ApiClient], model: FakeOpenAI
+) -> None:
+    api = custom_api(memory_max_history_messages=2)
+    _, auth = api.new_user()
+    sid = (await chat(api, auth, "what should a young dog eat"))["session_id"]
+    await chat(api, auth, "he is called Rex and loves carrots", session_id=sid)
+    await chat(api, auth, "what should a young dog eat?", session_id=sid)
+    # The hit is the session's first exchange, the window its second: the
+    # prompt shows that one once, in the window.
+    (hit,) = remembered(model.requests[-1]).recalled
+    assert (hit.question, hit.after) == ("what should a young dog eat", None)
+    assert "he is called Rex and loves carrots" in [
+        m["content"] for m in model.requests[-1]["messages"] if m["role"] == "user"
+    ]

@@ -21,7 +21,9 @@ statement returned.
 
 With `--neighbours`, the exchange-level metrics also over what the prompt
 shows: each hit with the exchange before it (memchat.recall's `before`),
-and with the exchange after it as well (which memchat does not show).
+then with the exchange after it as well (`after`); and what the recalled
+exchanges of a turn (the default recall_k best) take in the memory block,
+in gpt-4o's tokens, median and p95.
 
     DATABASE_URL=... python tests/bench/bench_longmemeval.py
     DATABASE_URL=... python tests/bench/bench_longmemeval_replay.py [--misses] [--neighbours]
@@ -42,7 +44,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: find `tests`
 
-from tests.bench._common import format_table
+from memchat.config import Settings
+from tests.bench._common import format_table, percentile
 from tests.bench.bench_longmemeval import DEFAULT_DATA, K, _iso, load, to_import
 from tests.bench.bench_recall_pieces import PIECES, question_params
 from tests.bench.longmemeval_scoring import (
@@ -103,33 +106,50 @@ def exchanges_by_id(conn: Any, user_id: Any, exchange_at: Mapping[Any, Exchange]
     return found
 
 
+SHOWN = {
+    "the hits (LongMemEval's metrics)": (),
+    "+ the exchange before each": ("before",),
+    "+ the exchange after each too (the prompt shows both)": ("before", "after"),
+}
+RECALL_K = Settings.model_fields["memory_recall_k"].default  # a turn's, by default
+TOKENS = f"tokens at k={RECALL_K}, p50 / p95"
+
+
 def shown_reach(
     question: Question,
     hits: Sequence[Exchange],
     found: Sequence[Mapping[str, Any]],
     ids: Mapping[int, Exchange],
-    exchange_at: Mapping[Any, Exchange],
 ) -> dict[str, dict[str, float]]:
-    """`reach` for the hits alone, with the exchange before each (memchat.recall's
-    `before`, which the prompt shows), and with the exchange after each too."""
-    order: dict[str, list[int]] = {}
-    for session, index in sorted(exchange_at.values()):
-        order.setdefault(session, []).append(index)
-    before = {
-        hit: [ids[h["before"]["message_id"]]]
-        for hit, h in zip(hits, found, strict=True)
-        if h.get("before") and h["before"]["message_id"] in ids
-    }
-    around = {hit: list(before.get(hit, [])) for hit in hits}
-    for session, index in hits:
-        later = [i for i in order[session] if i > index]
-        if later:
-            around[(session, index)].append((session, later[0]))
-    return {
-        "the hits (LongMemEval's metrics)": reach(question, hits, {}),
-        "+ the exchange before each (the prompt shows it)": reach(question, hits, before),
-        "+ the exchange after each too (not built)": reach(question, hits, around),
-    }
+    """For each of SHOWN: `reach` for the hits with those neighbours
+    (memchat.recall's `before`, `after`), what the prompt shows while the
+    token budget allows, and (TOKENS) the recall section the default k's
+    best take in the memory block."""
+    from dataclasses import replace
+
+    from memchat.model.tokens import count_message, counter_for_model
+    from memchat.store import Hit
+    from memchat.usecases.prompt import recall_section
+
+    counter = counter_for_model("gpt-4o")
+    best = [Hit.from_json(h) for h in found[:RECALL_K]]
+    measured = {}
+    for label, sides in SHOWN.items():
+        neighbours = {
+            hit: [ids[n["message_id"]] for n in (h.get(side) for side in sides) if n]
+            for hit, h in zip(hits, found, strict=True)
+        }
+        shown = [
+            replace(
+                hit,
+                before=hit.before if "before" in sides else None,
+                after=hit.after if "after" in sides else None,
+            )
+            for hit in best
+        ]
+        tokens = count_message(counter, recall_section(shown)) if shown else 0
+        measured[label] = {**reach(question, hits, neighbours), TOKENS: float(tokens)}
+    return measured
 
 
 def misses(
@@ -165,8 +185,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--neighbours",
         action="store_true",
-        help="exchange recall over what the prompt shows: each hit with the exchange before it"
-        " (as memchat shows it), and with the one after it too (not built)",
+        help="exchange recall over what the prompt shows: each hit with the exchange before it,"
+        " then with the one after it too (as memchat shows them)",
     )
     parser.add_argument(
         "--min-score",
@@ -216,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 if args.neighbours or missed:
                     ids = exchanges_by_id(conn, user_id, exchange_at)
                 if args.neighbours:
-                    reached.append(shown_reach(question, hits, found, ids, exchange_at))
+                    reached.append(shown_reach(question, hits, found, ids))
                 if missed:
                     deep = {**params, "d": DEEP}
                     (meaning,) = conn.execute(PIECES["nearest"], deep).fetchone()
@@ -239,11 +259,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"function: {function} {args.replace or ''}; latency: the statement from the client")
     print(format_table(*table(scored)))
     if reached:
-        rows = [
-            [label, *(f"{statistics.fmean(r[label][m] for r in reached):.3f}" for m in REACH)]
-            for label in reached[0]
-        ]
-        print(format_table(["exchanges counted", *REACH], rows))
+        rows = []
+        for label in SHOWN:
+            tokens = [r[label][TOKENS] for r in reached]
+            rows.append(
+                [
+                    label,
+                    *(f"{statistics.fmean(r[label][m] for r in reached):.3f}" for m in REACH),
+                    f"{percentile(tokens, 50):.0f} / {percentile(tokens, 95):.0f}",
+                ]
+            )
+        print(format_table(["exchanges counted", *REACH, TOKENS], rows))
     print(summary_line(scored))
 
 

@@ -71,6 +71,33 @@ def test_notes_recall_and_summary_answer_from_the_memory_block() -> None:
     assert f'What I have on that: "I like green tea" ({NOTES}).' in answer
 
 
+def test_a_recalled_exchanges_neighbours_answer_the_newest_first() -> None:
+    from datetime import UTC, datetime
+    from uuid import UUID
+
+    from memchat.store import Hit, Neighbour
+
+    recalled = Hit(
+        message_id=2,
+        session_id=UUID(int=1),
+        created_at=datetime(2026, 11, 1, tzinfo=UTC),
+        score=0.5,
+        title=None,
+        question="nice to meet you",
+        answer="likewise",
+        before=Neighbour(1, "my name is Ana", "hello Ana"),
+    )
+    block = memory_block("", [recalled], "")
+    assert f"Your name is Ana ({EARLIER_CONVERSATION})." in reply(
+        [SYSTEM, user(block), user("what is my name?")]
+    )
+    corrected = Hit(**{**vars(recalled), "after": Neighbour(3, "my name is Bea, actually", "ok")})
+    block = memory_block("", [corrected], "")
+    assert f"Your name is Bea ({EARLIER_CONVERSATION})." in reply(
+        [SYSTEM, user(block), user("what is my name?")]
+    )
+
+
 def test_no_answer_part_for_a_statement_or_an_unanswerable_question() -> None:
     statements = [Statement("my name is Ana", THIS_CONVERSATION)]
     assert answer_from_context("my name is Ana", statements) == ""

@@ -45,6 +45,14 @@ def with_before(base: Hit, question: str, answer: str | None = "earlier answer")
     return replace(base, before=Neighbour(base.message_id + 1000, question, answer))
 
 
+def with_after(base: Hit, question: str, answer: str | None = "later answer") -> Hit:
+    from dataclasses import replace
+
+    from memchat.store import Neighbour
+
+    return replace(base, after=Neighbour(base.message_id + 2000, question, answer))
+
+
 def window(*texts: str) -> list[dict[str, str]]:
     roles = ["user", "assistant"]
     return [{"role": roles[i % 2], "content": t} for i, t in enumerate(texts)]
@@ -299,6 +307,14 @@ def test_a_block_that_is_not_memchats_is_not_read() -> None:
     assert prompt.read_memory(unquoted) is None
 
 
+def read_one(block: str) -> tuple[object, ...]:
+    """The one recalled exchange `block` shows: (before, question, answer, after)."""
+    memory = prompt.read_memory(block)
+    assert memory is not None
+    (read,) = memory.recalled
+    return (read.before, read.question, read.answer, read.after)
+
+
 def test_a_hit_shows_the_exchange_before_it_and_reads_back(counter: TokenCounter) -> None:
     first = with_before(hit("and the second thing", 0.8, day=1), "first I said this")
     block = prompt.memory_block("", [first], "")
@@ -310,11 +326,11 @@ def test_a_hit_shows_the_exchange_before_it_and_reads_back(counter: TokenCounter
         'User: "and the second thing"',
         'Assistant: "ok"',
     ]
-    (read,) = prompt.read_memory(block).recalled  # type: ignore[union-attr]
-    assert (read.before, read.question, read.answer) == (
+    assert read_one(block) == (
         ("first I said this", "earlier answer"),
         "and the second thing",
         "ok",
+        None,
     )
 
 
@@ -340,3 +356,88 @@ def test_neighbours_go_before_any_hit(counter: TokenCounter) -> None:
     # The last recalled hit's neighbour went first.
     assert [h.before is not None for h in memory.hits] == [True, False]
     assert memory.dropped == ["neighbour"] and memory.tokens <= budget
+
+
+def test_a_hit_shows_the_exchange_after_it_and_reads_back() -> None:
+    around = with_after(with_before(hit("the middle", 0.8, day=1), "first"), "then this")
+    block = prompt.memory_block("", [around], "")
+    lines = block.split("\n")
+    start = lines.index(messages.RECALL_PREAMBLE) + 1
+    assert lines[start + 1 : start + 8] == [
+        'User: "first"',
+        'Assistant: "earlier answer"',
+        'User: "the middle"',
+        'Assistant: "ok"',
+        "[next in that conversation]",
+        'User: "then this"',
+        'Assistant: "later answer"',
+    ]
+    assert read_one(block) == (
+        ("first", "earlier answer"),
+        "the middle",
+        "ok",
+        ("then this", "later answer"),
+    )
+    # With no exchange before it, the hit is still told from the one after it.
+    alone = with_after(hit("the middle", 0.8, day=1, answer=None), "then this", None)
+    assert read_one(prompt.memory_block("", [alone], "")) == (
+        None,
+        "the middle",
+        None,
+        ("then this", None),
+    )
+
+
+def test_a_neighbour_two_hits_share_is_shown_once_with_the_first() -> None:
+    from dataclasses import replace
+
+    from memchat.store import Neighbour
+
+    between = Neighbour(2, "in between", "fine")
+    one = replace(hit("the first", 0.6, day=0), after=between)
+    two = replace(
+        hit("the third", 0.9, day=0),
+        message_id=3,
+        created_at=START + timedelta(minutes=2),
+        before=between,
+        after=Neighbour(4, "the fourth", None),
+    )
+    block = prompt.memory_block("", [two, one], "")
+    assert block.count('User: "in between"') == 1
+    first, second = prompt.read_memory(block).recalled  # type: ignore[union-attr]
+    assert (first.question, first.after) == ("the first", ("in between", "fine"))
+    assert (second.before, second.question, second.after) == (
+        None,
+        "the third",
+        ("the fourth", None),
+    )
+    # An exchange after a hit that is recalled itself is shown as a hit.
+    one = replace(one, after=Neighbour(3, "the third", "ok"))
+    two = replace(two, before=Neighbour(1, "the first", "ok"))
+    block = prompt.memory_block("", [two, one], "")
+    assert block.count('User: "the third"') == 1
+    assert block.count(messages.NEXT_IN_CONVERSATION) == 1  # the fourth's
+
+
+def test_the_weakest_hit_loses_the_exchange_after_it_first(counter: TokenCounter) -> None:
+    hits = [
+        with_after(with_before(hit("alpha", 0.9, day=1), "before a " * 40), "after a " * 40),
+        with_after(with_before(hit("gamma", 0.6, day=3), "before g " * 40), "after g " * 40),
+    ]
+    full = prompt.fit(counter, budget=100_000, notes="", hits=hits, window=[])
+    seen = []
+    for budget in range(full.tokens, 0, -10):
+        memory = prompt.fit(counter, budget=budget, notes="", hits=hits, window=[])
+        if len(memory.hits) < 2:
+            assert memory.dropped[:4] == ["neighbour"] * 4
+            break
+        state = [(h.before is not None, h.after is not None) for h in memory.hits]
+        if not seen or seen[-1] != state:
+            seen.append(state)
+    assert seen == [
+        [(True, True), (True, True)],
+        [(True, True), (True, False)],
+        [(True, True), (False, False)],
+        [(True, False), (False, False)],
+        [(False, False), (False, False)],
+    ]

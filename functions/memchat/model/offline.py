@@ -162,9 +162,8 @@ def _statements(memory: Remembered, earlier: list[Any]) -> list[Statement]:
     note_lines = [line.strip().lstrip("-*").strip() for line in memory.notes.splitlines()]
     found += [Statement(line, NOTES) for line in reversed(note_lines) if line]
     for exchange in memory.recalled:
-        found.append(Statement(exchange.question, EARLIER_CONVERSATION))
-        if exchange.before is not None:
-            found.append(Statement(exchange.before[0], EARLIER_CONVERSATION))
+        asked = [exchange.after, (exchange.question, exchange.answer), exchange.before]
+        found += [Statement(pair[0], EARLIER_CONVERSATION) for pair in asked if pair]
     summary = memory.summary.removeprefix("[offline summary] ")
     pieces = re.findall(r'"([^"]+)"', summary) or re.split(r"(?<=[.!?])\s+", summary)
     found += [Statement(piece.strip(), SUMMARY) for piece in pieces if piece.strip()]

@@ -186,18 +186,25 @@ class Cleared:
 
 @dataclass(frozen=True)
 class Neighbour:
-    """The exchange before a recalled one in its session."""
+    """The exchange before or after a recalled one in its session."""
 
     message_id: int
     question: str
     answer: str | None
 
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any] | None) -> Neighbour | None:
+        if not row:
+            return None
+        return cls(int(row["message_id"]), row.get("question") or "", row.get("answer"))
+
 
 @dataclass(frozen=True)
 class Hit:
-    """An earlier user message recalled, with the answer it got (and the
-    exchange before it: `before`, None when it opens its session or the
-    prompt's budget left it out)."""
+    """An earlier user message recalled, with the answer it got, and the
+    exchanges next to it in its session: `before` (None when it opens its
+    session) and `after` (None when it ends it, or the next is in the
+    turn's window); either None too when the prompt's budget left it out."""
 
     message_id: int
     session_id: uuid.UUID
@@ -207,10 +214,10 @@ class Hit:
     question: str
     answer: str | None
     before: Neighbour | None = None
+    after: Neighbour | None = None
 
     @classmethod
     def from_json(cls, row: Mapping[str, Any]) -> Hit:
-        before = row.get("before")
         return cls(
             message_id=int(row["message_id"]),
             session_id=uuid.UUID(row["session_id"]),
@@ -219,11 +226,8 @@ class Hit:
             title=row.get("title"),
             question=row.get("question") or "",
             answer=row.get("answer"),
-            before=Neighbour(
-                int(before["message_id"]), before.get("question") or "", before.get("answer")
-            )
-            if before
-            else None,
+            before=Neighbour.from_json(row.get("before")),
+            after=Neighbour.from_json(row.get("after")),
         )
 
 

@@ -6,10 +6,10 @@ the new message. Memory's part (the block and the window) must fit
 MEMORY_MAX_CONTEXT_TOKENS, counted with the model's tokenizer
 (memchat.model.tokens) exactly as it is sent. When it does not, `fit`
 drops, in this order: the oldest window messages (never the newest two),
-then the recalled exchanges' neighbours (the exchange before each, last
-recalled first), then the recalled exchanges themselves (last recalled
-first: recall returns them best first), then the summary, then the end of
-the notes.
+then the recalled exchanges' neighbours (last recalled first, the
+exchange after it before the one before it), then the recalled exchanges
+themselves (last recalled first: recall returns them best first), then the
+summary, then the end of the notes.
 
 The memory block is one `user` message, because what it carries (notes,
 recalled questions and answers, their conversations' titles, a
@@ -27,12 +27,17 @@ message would give it system authority. It reads::
     Assistant: "<and its answer>"
     User: "<the question>"
     Assistant: "<the answer>"
+    [next in that conversation]
+    User: "<the exchange after it: its question>"
+    Assistant: "<and its answer>"
 
     <SUMMARY_PREAMBLE> "<the summary>"
     </memchat_memory>
 
 (the texts are in memchat.messages; a section without data is left out,
-and there is no block when all are empty).
+and there is no block when all are empty). A neighbour is shown once: not
+when it is recalled itself (it is shown as a hit), nor again when it is
+also the neighbour of another hit shown before it.
 
 Quoting: every piece of remembered text (the notes, each recalled
 question, answer and title, the summary) is one JSON string (`quote`):
@@ -121,23 +126,31 @@ def memory_block(notes: str, hits: Sequence[Hit], summary: str) -> str:
 def recall_section(hits: Sequence[Hit]) -> str:
     """The recalled exchanges, oldest first, under their label (see messages.py)."""
     parts = [messages.RECALL_PREAMBLE]
-    recalled = {hit.message_id for hit in hits}
-    for hit in sorted(hits, key=lambda h: h.created_at):
+    # A neighbour recalled in its own right is shown once, as a hit; one that
+    # two hits share, once, with the first.
+    shown = {hit.message_id for hit in hits}
+    for hit in sorted(hits, key=lambda h: (h.created_at, h.message_id)):
         title = f" {quote(hit.title)}" if hit.title else ""
         day = hit.created_at.date().isoformat()
         lines = [f"[{day} · conversation{title} · {str(hit.session_id)[:8]}]"]
-        before = hit.before
-        # A neighbour recalled in its own right is shown once, as a hit.
-        if before is not None and before.message_id not in recalled:
-            lines.append(USER_LABEL + quote(before.question))
-            if before.answer:
-                lines.append(ASSISTANT_LABEL + quote(before.answer))
-        lines.append(USER_LABEL + quote(hit.question))
-        if hit.answer:
-            lines.append(ASSISTANT_LABEL + quote(hit.answer))
+        if hit.before is not None and hit.before.message_id not in shown:
+            shown.add(hit.before.message_id)
+            lines += _exchange_lines(hit.before.question, hit.before.answer)
+        lines += _exchange_lines(hit.question, hit.answer)
+        if hit.after is not None and hit.after.message_id not in shown:
+            shown.add(hit.after.message_id)
+            lines.append(messages.NEXT_IN_CONVERSATION)
+            lines += _exchange_lines(hit.after.question, hit.after.answer)
         parts.append("\n".join(lines))
     # The label's line ends the label; a blank line separates exchanges.
     return parts[0] + "\n" + "\n\n".join(parts[1:])
+
+
+def _exchange_lines(question: str, answer: str | None) -> list[str]:
+    lines = [USER_LABEL + quote(question)]
+    if answer:
+        lines.append(ASSISTANT_LABEL + quote(answer))
+    return lines
 
 
 @dataclass(frozen=True)
@@ -147,8 +160,10 @@ class Exchange:
     header: str  # `[<date> · conversation "<title>" · <id prefix>]`
     question: str
     answer: str | None
-    # The exchange before it, when the block shows it: (question, answer).
+    # The exchanges before and after it, when the block shows them:
+    # (question, answer).
     before: tuple[str, str | None] | None = None
+    after: tuple[str, str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -173,24 +188,34 @@ def read_memory(content: str) -> Remembered | None:
         return None
     notes = summary = ""
     recalled: list[Exchange] = []
+    after = False  # the lines read are the exchange after the last hit's
     try:
         for line in lines[2:-1]:
             if line.startswith(messages.NOTES_PREAMBLE + " "):
                 notes = _unquote(line[len(messages.NOTES_PREAMBLE) + 1 :])
             elif line.startswith(messages.SUMMARY_PREAMBLE + " "):
                 summary = _unquote(line[len(messages.SUMMARY_PREAMBLE) + 1 :])
+            elif line == messages.NEXT_IN_CONVERSATION and recalled:
+                after = True
             elif line.startswith("["):
                 recalled.append(Exchange(header=line, question="", answer=None))
+                after = False
             elif line.startswith(USER_LABEL) and recalled:
                 question = _unquote(line[len(USER_LABEL) :])
                 last = recalled[-1]
-                # A second question under one header: the first was its neighbour.
-                before = (last.question, last.answer) if last.question else None
-                recalled[-1] = Exchange(last.header, question, None, before)
+                if after:
+                    recalled[-1] = replace(last, after=(question, None))
+                else:
+                    # A second question under one header: the first was its neighbour.
+                    before = (last.question, last.answer) if last.question else None
+                    recalled[-1] = Exchange(last.header, question, None, before)
             elif line.startswith(ASSISTANT_LABEL) and recalled:
                 answer = _unquote(line[len(ASSISTANT_LABEL) :])
                 last = recalled[-1]
-                recalled[-1] = Exchange(last.header, last.question, answer, last.before)
+                if after and last.after is not None:
+                    recalled[-1] = replace(last, after=(last.after[0], answer))
+                else:
+                    recalled[-1] = replace(last, answer=answer)
     except ValueError:
         return None
     return Remembered(notes=notes, recalled=recalled, summary=summary)
@@ -236,9 +261,13 @@ def fit(
         result.window.pop(0)
         window_tokens.pop(0)
         result.dropped.append("window")
-    while over() and any(hit.before for hit in result.hits):
-        last = max(i for i, hit in enumerate(result.hits) if hit.before)
-        result.hits[last] = replace(result.hits[last], before=None)
+    while over() and any(hit.before or hit.after for hit in result.hits):
+        last = max(i for i, hit in enumerate(result.hits) if hit.before or hit.after)
+        weakest = result.hits[last]
+        if weakest.after:
+            result.hits[last] = replace(weakest, after=None)
+        else:
+            result.hits[last] = replace(weakest, before=None)
         block_tokens = _block_tokens(counter, result.notes, result.hits, result.summary)
         result.dropped.append("neighbour")
     while over() and result.hits:

@@ -5,7 +5,7 @@ embeds the query with their embeddings client)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, Query, Response
 
@@ -14,6 +14,9 @@ from memchat.api.schemas import error_responses
 from memchat.api.schemas.memory import MemorySearchOut, NeighbourOut, RecalledOut
 from memchat.errors import BadRequest, NaiveTime, RecallOff, RecallUnavailable
 from memchat.usecases.recall import OK
+
+if TYPE_CHECKING:
+    from memchat.store.records import Neighbour
 
 router = APIRouter(tags=["memory"])
 
@@ -77,17 +80,20 @@ async def search_memory(
                 title=hit.title,
                 question=hit.question,
                 answer=hit.answer,
-                before=NeighbourOut(
-                    message_id=hit.before.message_id,
-                    question=hit.before.question,
-                    answer=hit.before.answer,
-                )
-                if hit.before
-                else None,
+                before=_neighbour(hit.before),
+                after=_neighbour(hit.after),
             )
             for hit in found.hits
         ],
         recall_ms=round(found.ms, 3),
+    )
+
+
+def _neighbour(neighbour: Neighbour | None) -> NeighbourOut | None:
+    if neighbour is None:
+        return None
+    return NeighbourOut(
+        message_id=neighbour.message_id, question=neighbour.question, answer=neighbour.answer
     )
 
 

@@ -81,6 +81,9 @@ class RecalledOut(BaseModel):
     before: NeighbourOut | None = Field(
         description="The exchange before it in its session (null: it opens the session)."
     )
+    after: NeighbourOut | None = Field(
+        description="The exchange after it in its session (null: it ends the session)."
+    )
 
 
 class MemorySearchOut(BaseModel):
