@@ -96,19 +96,29 @@ def app(
 
 def lambda_app() -> FastAPI:
     """The app of a deployed HTTP function, once per instance (at import)."""
-    from memchat import observability, secrets
+    # What the init phase makes (modules, classes, the app) lives as long as
+    # the instance, so the collector is off while it is made: each automatic
+    # collection would walk the whole growing heap to find almost nothing
+    # (about 600 unreachable objects in all; the chat handler's import 331-341
+    # ms instead of 407 in the package, docs/benchmarks.md). Then it is frozen
+    # (gc.freeze: microseconds, no collection at cold start), out of every
+    # later collection's way; a full one then walks only what requests made
+    # since (the benchmark's app: 28 ms instead of 51-68; SnapStart's warm-up
+    # collects and freezes again, memchat.snapstart).
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        from memchat import observability, secrets
 
-    for name in UNUSED_MODULES:
-        sys.modules.setdefault(name, None)  # type: ignore[arg-type]
-    settings = secrets.load_settings()
-    observability.configure(settings.log_level)
-    built = app(settings, on_turn=observability.record_turn, check_recall=True)
-    # What the init phase made lives as long as the instance. Frozen
-    # (gc.freeze: microseconds, no collection at cold start), it is out of
-    # every later collection's way; a full one then walks only what requests
-    # made since (the benchmark's app: 28 ms instead of 51-68; SnapStart's
-    # warm-up collects and freezes again, memchat.snapstart).
-    gc.freeze()
+        for name in UNUSED_MODULES:
+            sys.modules.setdefault(name, None)  # type: ignore[arg-type]
+        settings = secrets.load_settings()
+        observability.configure(settings.log_level)
+        built = app(settings, on_turn=observability.record_turn, check_recall=True)
+        gc.freeze()
+    finally:
+        if was_enabled:
+            gc.enable()
     return built
 
 

@@ -49,9 +49,10 @@ def measure(label: str, python: str, env: dict[str, str]) -> bench_import.Paired
 
 def check(paired: bench_import.Paired, label: str) -> None:
     table = common.format_table(bench_import.PAIRED_HEADERS, [paired.row(label)])
-    # The handler imports the whole stack and more: a ratio of 1 or less means
-    # the handler's import did not happen as measured.
-    assert paired.ratio > 1.0, table
+    # Every timed run's import succeeded (whole_process raises otherwise). The
+    # ratio may be under 1: the handler imports the whole stack and more, but
+    # builds its app with the collector off (memchat.bootstrap.lambda_app),
+    # while the stack's import alone pays its collections.
     assert paired.ratio <= bench_import.RATIO_LIMIT, (
         f"importing {bench_import.HANDLERS[0]} costs more than {bench_import.RATIO_LIMIT}x"
         f" its stack's import:\n{table}\n(`python tests/bench/bench_import.py` says where)"

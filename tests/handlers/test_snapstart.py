@@ -272,6 +272,48 @@ def test_snapshot_then_restore_then_the_first_request(
     assert "90210" not in logged and token not in logged and "not-a-token" not in logged
 
 
+def chat_function_env(database_url: str, model: FakeOpenAI) -> dict[str, str]:
+    """The chat function's environment for a fresh interpreter (this checkout's modules)."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.endswith(("_SECRET_ARN", "_PARAMETER"))
+        and not name.startswith(("POWERTOOLS_", "OPENAI_", "AWS_"))
+        and name not in {"SUPABASE_URL", "ROUTE_GROUPS", "MEMORY_ENABLED"}
+    }
+    env.update(
+        {
+            "DATABASE_URL": database_url,
+            "SUPABASE_JWT_SECRET": "test-jwt-secret-with-at-least-32-characters",
+            "OPENAI_API_KEY": "test-key",
+            "OPENAI_BASE_URL": model.url,
+            "OPENAI_MODEL": "gpt-4o-mini",  # a model with a real tokenizer
+            "ROUTE_GROUPS": "chat",
+            "POWERTOOLS_TRACE_DISABLED": "true",
+            "AWS_LAMBDA_FUNCTION_NAME": "memchat-ChatFunction",
+            "AWS_REGION": "eu-west-1",
+            "PYTHONPATH": os.pathsep.join(
+                [str(ROOT / "functions"), *filter(None, [os.environ.get("PYTHONPATH")])]
+            ),
+        }
+    )
+    return env
+
+
+def run_in_chat_function(script: str, database_url: str, model: FakeOpenAI) -> Any:
+    """`script` run by a fresh interpreter in the chat function's environment:
+    the JSON its last line prints."""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=chat_function_env(database_url, model),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def test_the_import_leaves_to_first_use_what_the_snapshot_warms(
     database_url: str, model: FakeOpenAI
 ) -> None:
@@ -304,34 +346,7 @@ snapstart.run_before_snapshot()
 look("snapshot")
 print(json.dumps(seen))
 """
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.endswith(("_SECRET_ARN", "_PARAMETER"))
-        and not name.startswith(("POWERTOOLS_", "OPENAI_", "AWS_"))
-        and name not in {"SUPABASE_URL", "ROUTE_GROUPS", "MEMORY_ENABLED"}
-    }
-    env.update(
-        {
-            "DATABASE_URL": database_url,
-            "SUPABASE_JWT_SECRET": "test-jwt-secret-with-at-least-32-characters",
-            "OPENAI_API_KEY": "test-key",
-            "OPENAI_BASE_URL": model.url,
-            "OPENAI_MODEL": "gpt-4o-mini",  # a model with a real tokenizer
-            "ROUTE_GROUPS": "chat",
-            "POWERTOOLS_TRACE_DISABLED": "true",
-            "AWS_LAMBDA_FUNCTION_NAME": "memchat-ChatFunction",
-            "AWS_REGION": "eu-west-1",
-            "PYTHONPATH": os.pathsep.join(
-                [str(ROOT / "functions"), *filter(None, [os.environ.get("PYTHONPATH")])]
-            ),
-        }
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = run_in_chat_function(script, database_url, model)
     # Neither is ever imported: FastAPI's pydantic v1 check is told there is
     # none, and the settings are a plain pydantic model (docs/benchmarks.md).
     # Frozen: everything the import made, then everything the warm-up left.
@@ -347,6 +362,39 @@ print(json.dumps(seen))
     assert seen["snapshot"] == {
         "jwt": True, "openai": True, "tokenizer": True, "on demand": on_demand, **unused
     }  # fmt: skip
+
+
+def test_the_init_phase_builds_the_app_with_the_collector_off_then_on_again(
+    database_url: str, model: FakeOpenAI
+) -> None:
+    """The app is built with automatic garbage collection off (what it makes
+    lives as long as the instance), and collection is on again once the init
+    phase is over, and also when it fails (a misconfigured function)."""
+    script = """
+import gc, json
+from memchat import bootstrap
+from memchat.config import ConfigError
+build = bootstrap.app
+seen = {}
+def app(*args, **kwargs):
+    seen["collecting while built"] = gc.isenabled()
+    return build(*args, **kwargs)
+bootstrap.app = app
+import memchat.handlers.chat
+seen["collecting after"] = gc.isenabled()
+import os
+os.environ["EMBEDDING_DIMENSIONS"] = "-1"
+try:
+    bootstrap.lambda_app()
+except ConfigError:
+    seen["collecting after a failed start"] = gc.isenabled()
+print(json.dumps(seen))
+"""
+    assert run_in_chat_function(script, database_url, model) == {
+        "collecting while built": False,
+        "collecting after": True,
+        "collecting after a failed start": True,
+    }
 
 
 def test_the_stream_server_takes_the_adapters_hooks(
