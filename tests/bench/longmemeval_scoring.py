@@ -137,9 +137,9 @@ def reach(
     neighbours: Mapping[Exchange, Sequence[Exchange]],
 ) -> dict[str, float]:
     """The exchange-level metrics over the top k hits and each one's
-    `neighbours`: with none, LongMemEval's (`score`); with the exchange each
-    hit brings into the prompt (the one before it in its session), how much
-    evidence reaches the model."""
+    `neighbours`: with none, LongMemEval's (`score`); with the exchanges each
+    hit brings into the prompt (those before and after it in its session),
+    how much evidence reaches the model."""
     evidence = question.evidence
     complete = question.unreachable_evidence == 0
 
