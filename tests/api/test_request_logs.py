@@ -47,7 +47,7 @@ from tests.utils.users import UserFactory
 lambda_ = lambda_fixtures.lambda_
 lambda_env = lambda_fixtures.lambda_env
 
-SECRET = "my locker code is 4471"
+SECRET = "my locker code is tangerine"
 STREAM = {"Accept": "text/event-stream"}
 FIELDS = {"method", "route", "status", "duration_ms", "request_id", "user_id"}
 
@@ -105,7 +105,7 @@ async def test_a_json_turn_logs_one_line_with_its_route_user_and_duration(
     turn = [r for r in logs.records if r.getMessage() == "chat turn stored"]
     assert turn and turn[0].request_id == record.request_id
     token = auth["Authorization"].removeprefix("Bearer ")
-    assert_never_logged(logs, SECRET, "4471", token, "Bearer")
+    assert_never_logged(logs, SECRET, "tangerine", token, "Bearer")
     line = DevFormatter().format(record)
     assert line.endswith(
         f"POST /chat 200 {record.duration_ms:.1f} ms req={record.request_id} user={user_id}"
@@ -168,7 +168,7 @@ async def test_a_streamed_turn_logs_its_line_when_the_stream_ends(
     assert (record.method, record.route, record.status) == ("POST", "/chat", 200)
     assert record.user_id == str(user_id)
     assert record.duration_ms >= 500  # the whole stream: five pauses of 0.1 s
-    assert_never_logged(logs, SECRET, "4471", "three four", auth["Authorization"])
+    assert_never_logged(logs, SECRET, "tangerine", "three four", auth["Authorization"])
 
 
 async def test_a_model_failure_mid_stream_is_a_200_line_and_no_content(
@@ -228,12 +228,14 @@ async def test_an_unknown_path_logs_no_path_and_no_query(
     api: ApiClient, logs: pytest.LogCaptureFixture
 ) -> None:
     r = await api.get(
-        "/secret-place/4471", params={"token": "sekrit-value"}, headers={"X-Request-ID": "r404"}
+        "/secret-place/tangerine",
+        params={"token": "sekrit-value"},
+        headers={"X-Request-ID": "r404"},
     )
     assert_error(r, 404, "not_found")
     record = only_access(logs, r.headers["x-request-id"])
     assert (record.method, record.route, record.status) == ("GET", "(unmatched)", 404)
-    assert_never_logged(logs, "secret-place", "4471", "sekrit-value")
+    assert_never_logged(logs, "secret-place", "tangerine", "sekrit-value")
 
 
 async def test_a_body_refused_before_routing_still_names_its_route(
@@ -459,4 +461,4 @@ def test_deployed_the_line_is_powertools_json_correlated_by_the_gateway_request_
     # Every line of the invocation is correlated; none has the message or token.
     assert all(r["correlation_id"] == gateway_id for r in lines)
     text = lambda_.logs.getvalue()
-    assert SECRET not in text and "4471" not in text and token not in text
+    assert SECRET not in text and "tangerine" not in text and token not in text

@@ -31,7 +31,7 @@ from tests.utils.fake_openai import FakeOpenAI
 from tests.utils.processes import free_port, wait_healthy
 
 # Its last word is not hex: a request id (32 hex digits) can hold any run of
-# digits, as one in a CI run held "4471", the number this secret once ended in.
+# digits (one in a CI run held 4471, the number the secrets once ended in).
 SECRET = "my locker code is tangerine"
 TIMEOUT = 60
 

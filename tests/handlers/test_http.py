@@ -22,7 +22,7 @@ from tests.handlers.conftest import (
 )
 from tests.utils.users import UserFactory
 
-SECRET_MESSAGE = "my locker code is 4471, remember that"
+SECRET_MESSAGE = "my locker code is tangerine, remember that"
 
 
 def emf_records(out: str) -> list[dict[str, Any]]:
@@ -95,7 +95,7 @@ def test_chat_cold_then_warm_reuses_the_connection(
     assert request_logs[0]["correlation_id"] == event["requestContext"]["requestId"]
     assert all(r["service"] == "memchat" and r["function_name"] for r in request_logs)
     everything = lambda_.logs.getvalue() + out
-    assert "4471" not in everything and "locker" not in everything
+    assert "tangerine" not in everything and "locker" not in everything
     assert token not in everything and "Bearer" not in everything
 
 
