@@ -8,11 +8,12 @@ question's user (found by its haystack's first session), the question
 embedded with the local all-MiniLM-L6-v2 model, its period read as the API
 reads it (`as_of` the question's date), and then, as that user
 (memchat_user with its claims, one transaction), a function with
-memchat.recall's parameters: `memchat.recall` itself by default, or
-`--function` with `--replace OLD NEW` (repeatable): a copy of
-memchat.recall made with those replacements in its source (as
-`memchat.recall_replayed`, dropped afterwards). On the database of a run
-the default gives that run's scores.
+memchat.recall's parameters: `memchat.recall` itself by default, or, with
+`--replace OLD NEW` (repeatable), a copy of memchat.recall made with those
+replacements in its source or in that of memchat.recall_hits, which builds
+the hits' rows (as `memchat.recall_replayed` calling
+`memchat.recall_hits_replayed`, both dropped afterwards). On the database of
+a run the default gives that run's scores.
 
 With `--misses`, for every question that misses session recall_all@5 or
 exchange recall_all@10: each evidence exchange's rank by meaning (the exact
@@ -63,6 +64,7 @@ from tests.bench.longmemeval_scoring import (
 DEEP = 300  # how far down --misses looks in each list
 MISSED = ("session_recall_all@5", "turn_recall_all@10")
 REPLAYED = "memchat.recall_replayed"
+REPLAYED_HITS = "memchat.recall_hits_replayed"
 CALL = (
     "select {}(null, 'default', 0, %(q)s::extensions.vector, %(m)s, %(t)s, %(k)s, %(s)s, %(c)s,"
     " %(f)s, %(u)s)"
@@ -76,19 +78,37 @@ def _name(qualified: str) -> Any:
 
 
 def replayed_function(conn: Any, replacements: Sequence[tuple[str, str]]) -> str:
-    """memchat.recall's source with `replacements`, created as REPLAYED."""
-    (source,) = conn.execute("select pg_get_functiondef('memchat.recall'::regproc)").fetchone()
-    source = source.replace("FUNCTION memchat.recall(", f"FUNCTION {REPLAYED}(", 1)
-    for old, new in replacements:
-        if old not in source:
-            raise SystemExit(f"--replace: {old!r} is not in memchat.recall")
-        source = source.replace(old, new)
+    """A copy of memchat.recall with `replacements`, created as REPLAYED.
+
+    The hits' rows are built by memchat.recall_hits (migration
+    *_recall_hits.sql): it is copied too, as REPLAYED_HITS, which the copy of
+    memchat.recall calls. Each OLD is replaced in whichever of the two holds it.
+    """
     from psycopg import sql
 
-    conn.execute(sql.SQL("drop function if exists {}").format(_name(REPLAYED)))
-    conn.execute(source)
-    conn.execute(sql.SQL("grant execute on function {} to memchat_user").format(_name(REPLAYED)))
+    sources = {}
+    for original, copy in (("memchat.recall_hits", REPLAYED_HITS), ("memchat.recall", REPLAYED)):
+        (source,) = conn.execute("select pg_get_functiondef(%s::regproc)", (original,)).fetchone()
+        sources[copy] = source.replace(f"FUNCTION {original}(", f"FUNCTION {copy}(", 1)
+    sources[REPLAYED] = sources[REPLAYED].replace("memchat.recall_hits(", f"{REPLAYED_HITS}(")
+    for old, new in replacements:
+        held = [copy for copy, source in sources.items() if old in source]
+        if not held:
+            raise SystemExit(f"--replace: {old!r} is not in memchat.recall or memchat.recall_hits")
+        for copy in held:
+            sources[copy] = sources[copy].replace(old, new)
+    drop_replayed(conn)
+    for copy, source in sources.items():
+        conn.execute(source)
+        conn.execute(sql.SQL("grant execute on function {} to memchat_user").format(_name(copy)))
     return REPLAYED
+
+
+def drop_replayed(conn: Any) -> None:
+    from psycopg import sql
+
+    for copy in (REPLAYED, REPLAYED_HITS):
+        conn.execute(sql.SQL("drop function if exists {}").format(_name(copy)))
 
 
 def exchanges_by_id(conn: Any, user_id: Any, exchange_at: Mapping[Any, Exchange]) -> dict[int, Any]:
@@ -251,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     )
     finally:
         if function == REPLAYED:
-            conn.execute(sql.SQL("drop function if exists {}").format(_name(REPLAYED)))
+            drop_replayed(conn)
     if not scored:
         raise SystemExit("no imported question found: run bench_longmemeval.py on DATABASE_URL")
     for report in reports:

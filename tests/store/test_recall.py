@@ -247,6 +247,23 @@ def test_b_sees_and_writes_no_embedding_of_a(
         assert refused(conn, "delete from memchat.message_embeddings", params)
 
 
+def test_the_hits_rows_are_only_the_callers(
+    conn: psycopg.Connection, two_users: tuple[store.Caller, store.Caller, int]
+) -> None:
+    # memchat.recall_hits builds the rows of the ids recall chose; called
+    # directly with A's message id, it gives B nothing (it runs under RLS).
+    a, b, message_id = two_users
+    call = "select memchat.recall_hits(array[%s]::bigint[], array[0.9], null, null)"
+    with acting_as(conn, a.claims):
+        (rows,) = conn.execute(call, (message_id,)).fetchone()
+    assert [(r["message_id"], r["question"], r["score"]) for r in rows] == [
+        (message_id, "a secret of A", 0.9)
+    ]
+    with acting_as(conn, b.claims):
+        (rows,) = conn.execute(call, (message_id,)).fetchone()
+    assert rows == []
+
+
 def test_the_data_api_cannot_read_vectors(
     gateway: psycopg.Connection, two_users: tuple[store.Caller, store.Caller, int]
 ) -> None:
@@ -257,6 +274,9 @@ def test_the_data_api_cannot_read_vectors(
             gateway,
             "select memchat.recall(null, 'default', 10, %(v)s::extensions.vector, 'm', 3, 0, 0.9)",
             {"v": store.fragments.vector_literal(unit(1))},
+        )
+        assert refused(
+            gateway, "select memchat.recall_hits(array[1]::bigint[], array[1.0], null, null)", {}
         )
 
 
