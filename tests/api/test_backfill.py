@@ -24,7 +24,7 @@ from tests.utils.api import ApiClient
 from tests.utils.chat_api import chat
 from tests.utils.fake_openai import FakeOpenAI
 from tests.utils.logs import assert_not_logged
-from tests.utils.store_data import exchange, record
+from tests.utils.store_data import exchange, key_partition, record
 from tests.utils.users import UserFactory, claims_for
 
 FACT = "my favourite colour is teal"
@@ -113,6 +113,38 @@ async def test_imported_messages_become_recallable(
     # Nothing left: another run finds nothing to do.
     again = await embedders().run()
     assert (again.embedded, again.rounds, again.finished) == (0, 0, True)
+
+
+async def test_a_young_key_partition_is_analysed_once_it_has_doubled(
+    db: Database, users: UserFactory, admin: psycopg.Connection, embedders: Callable[..., Embedder]
+) -> None:
+    # Never analysed, a partition's recall has no common words to leave out
+    # and no size to judge the HNSW path by (migration
+    # *_young_partition_statistics.sql): the backfill analyses it from 1,000
+    # keys, and again each time it has doubled, while under 5,000.
+    alice = users.create()
+    _, counted, present = key_partition(admin, alice.user_id)
+    while counted >= 5000:  # left to autovacuum: another user, another partition
+        alice = users.create()
+        _, counted, present = key_partition(admin, alice.user_id)
+    due = max(2 * counted, 1000)
+    await imported(db, alice, *(f"fact {i}" for i in range(max(int(due) - present, 1))))
+    run = await embedders().run()
+    assert run.analysed == 1 and run.finished
+    _, counted, present = key_partition(admin, alice.user_id)
+    assert counted == present >= due
+    (facts_analysed,) = admin.execute(
+        "select last_analyze is not null from pg_stat_all_tables where relid ="
+        " memchat.key_partition_of('message_facts', %s)",
+        (alice.user_id,),
+    ).fetchone()
+    assert facts_analysed
+
+    # A few more keys: not doubled, not analysed again.
+    await imported(db, alice, "one more fact", "and another")
+    run = await embedders().run()
+    assert (run.embedded, run.analysed) == (2, 0)
+    assert key_partition(admin, alice.user_id)[1:] == (counted, present + 2)
 
 
 async def test_requests_pack_sessions_in_batches_of_the_set_size(

@@ -47,7 +47,9 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -116,126 +118,166 @@ def to_import(record: Mapping[str, Any]) -> tuple[dict[str, Any], dict[tuple[str
     return {"sessions": sessions}, exchange_at
 
 
-async def run(args: argparse.Namespace) -> None:
-    from memchat import bootstrap, devtokens
+@dataclass
+class Product:
+    """memchat as a client reaches it, on a benchmark's database: the API
+    in-process, the embedding backfill, the owner's connection."""
+
+    target: Any  # common.Target
+    admin: Any  # the owner's connection (autocommit)
+    settings: Any
+    api: Any  # tests.utils.api.ApiClient
+    embedder: Any  # usecases.backfill.Embedder
+    cache: EmbeddingCache
+
+
+@asynccontextmanager
+async def product(args: argparse.Namespace) -> AsyncIterator[Product]:
+    """The database (embedded, or DATABASE_URL), the embeddings server (the
+    local all-MiniLM-L6-v2 one, or --embeddings) behind the cache, the
+    settings (its floor, or --min-score; --set), the API and the backfill."""
+    from memchat import bootstrap, store
     from memchat.cli.embeddings import local_settings, start_server
     from memchat.config import load_settings
     from memchat.model import minilm
     from memchat.throttle import Bucket
     from tests.utils.api import ApiClient
 
-    records = load(args.data)[: args.questions or None]
     overrides: dict[str, Any] = {}
-    for item in args.set:
+    for item in getattr(args, "set", []):
         key, _, value = item.partition("=")
         overrides[key.strip().lower()] = value
+    embeddings = getattr(args, "embeddings", None)
+    min_score = getattr(args, "min_score", None)
     with common.database() as target:
         admin = common.admin_connection(target.url)
         # Another OpenAI-compatible server (every candidate by default), or
         # the local all-MiniLM-L6-v2 one (its floor).
-        server = None if args.embeddings else start_server("127.0.0.1", 0, background=True)
+        server = None if embeddings else start_server("127.0.0.1", 0, background=True)
         if server is None:
             local: dict[str, Any] = {
-                "embedding_base_url": args.embeddings,
+                "embedding_base_url": embeddings,
                 "embedding_api_key": "local",
             }
             floor = 0.0
         else:
             local, floor = local_settings(server), minilm.RECALL_MIN_SCORE
-        min_score = floor if args.min_score is None else args.min_score
-        with EmbeddingCache(upstream=local["embedding_base_url"], path=args.cache) as cache:
-            settings = load_settings(
-                database_url=target.url,
-                supabase_jwt_secret=common.JWT_SECRET,
-                offline_model=True,
-                **{**local, "embedding_base_url": cache.url},
-                embedding_batch_size=256,
-                # The local model embeds a batch of 256 long messages in seconds,
-                # minutes on a busy machine: the backfill's batch must not time out.
-                openai_timeout_seconds=600,
-                memory_recall_min_score=min_score,
-                max_message_chars=1_000_000,
-                db_max_connections=4,
-                **{f"{bucket.value}_rate_per_minute": 0 for bucket in Bucket},
-                **overrides,
-            )
-            from memchat import store
+        try:
+            with EmbeddingCache(upstream=local["embedding_base_url"], path=args.cache) as cache:
+                settings = load_settings(
+                    database_url=target.url,
+                    supabase_jwt_secret=common.JWT_SECRET,
+                    offline_model=True,
+                    **{**local, "embedding_base_url": cache.url},
+                    embedding_batch_size=256,
+                    # The local model embeds a batch of 256 long messages in
+                    # seconds, minutes on a busy machine: the backfill's batch
+                    # must not time out.
+                    openai_timeout_seconds=600,
+                    memory_recall_min_score=floor if min_score is None else min_score,
+                    max_message_chars=1_000_000,
+                    db_max_connections=4,
+                    **{f"{bucket.value}_rate_per_minute": 0 for bucket in Bucket},
+                    **overrides,
+                )
+                with store.connect(target.url) as conn:
+                    store.resize_embeddings(conn, settings.embedding_dimensions)
+                api = ApiClient(settings)
+                embedder = bootstrap.embedder(settings)
+                try:
+                    yield Product(target, admin, settings, api, embedder, cache)
+                finally:
+                    await embedder.close()
+                    await api.aclose()
+        finally:
+            if server:
+                server.close()
 
-            with store.connect(target.url) as conn:
-                store.resize_embeddings(conn, settings.embedding_dimensions)
-            api = ApiClient(settings)
-            embedder = bootstrap.embedder(settings)
-            scored: list[Scored] = []
-            import_rates: list[float] = []
-            embed_seconds = 0.0
-            started = time.monotonic()
-            try:
-                for number, record in enumerate(records, 1):
-                    question = question_of(record)
-                    caller = common.create_user(admin)
-                    token = devtokens.mint(common.JWT_SECRET, caller.user_id)
-                    auth = {"Authorization": f"Bearer {token}"}
-                    document, exchange_at = to_import(record)
-                    body = json.dumps(document).encode()
-                    t0 = time.perf_counter()
-                    imported = await api.post(
-                        "/sessions/import",
-                        content=body,
-                        headers={**auth, "content-type": "application/json"},
-                    )
-                    seconds = time.perf_counter() - t0
-                    if imported.status_code != 200:
-                        raise SystemExit(
-                            f"{question.id}: import {imported.status_code} {imported.text[:300]}"
-                        )
-                    import_rates.append(imported.json()["imported_messages"] / seconds)
-                    t0 = time.perf_counter()
-                    await _until_recall_ready(api, embedder, auth)
-                    embed_seconds += time.perf_counter() - t0
-                    as_of = haystack_time(record["question_date"]).isoformat()
-                    found = await api.get(
-                        "/memory/search",
-                        params={"q": question.text, "k": K, "as_of": as_of},
-                        headers=auth,
-                    )
-                    if found.status_code != 200:
-                        raise SystemExit(f"{question.id}: search {found.status_code} {found.text}")
-                    hits = [
-                        exchange_at[(hit["session_id"], _iso(hit["created_at"]))]
-                        for hit in found.json()["hits"]
-                    ]
-                    ms = _server_timing(found.headers["server-timing"])
-                    scored.append(Scored(question, score(question, hits), ms))
-                    if args.verbose:
-                        print(number, question.id, question.type, scored[-1].metrics, f"{ms:.1f}")
-                    elif number % 10 == 0:
-                        print(
-                            f"... {number}/{len(records)} questions,"
-                            f" {time.monotonic() - started:.0f} s",
-                            file=sys.stderr,
-                        )
-            finally:
-                await embedder.close()
-                await api.aclose()
-                if server:
-                    server.close()
-            print(common.machine_report(admin, target))
-            print(
-                f"model {settings.openai_embedding_model} ({settings.embedding_dimensions}"
-                f" dimensions), k={K}, MEMORY_RECALL_MIN_SCORE={settings.memory_recall_min_score},"
-                f" MEMORY_RECALL_DUPLICATE_SCORE={settings.memory_recall_duplicate_score},"
-                f" MEMORY_RECALL_WORDS={settings.memory_recall_words},"
-                f" MEMORY_RECALL_TIME={settings.memory_recall_time}; data {args.data.name};"
-                f" embeddings cache {cache.hits} hits, {cache.misses} misses"
-            )
-            print(
-                f"import: median {statistics.median(import_rates):,.0f} messages/s per request"
-                f" (POST /sessions/import, embeddings aside; {len(import_rates)} requests);"
-                f" backfill and waiting for it: {embed_seconds:.1f} s in all"
-            )
-            headers, rows = table(scored)
-            print(common.format_table(headers, rows))
-            print(summary_line(scored))
+
+async def import_haystack(
+    product: Product, auth: Mapping[str, str], record: Mapping[str, Any]
+) -> tuple[dict[tuple[str, str], Exchange], int, float]:
+    """POST /sessions/import of a question's haystack: which (session,
+    time) is which exchange, the messages stored and the seconds it took."""
+    document, exchange_at = to_import(record)
+    t0 = time.perf_counter()
+    imported = await product.api.post(
+        "/sessions/import",
+        content=json.dumps(document).encode(),
+        headers={**auth, "content-type": "application/json"},
+    )
+    seconds = time.perf_counter() - t0
+    if imported.status_code != 200:
+        raise SystemExit(
+            f"{record['question_id']}: import {imported.status_code} {imported.text[:300]}"
+        )
+    return exchange_at, int(imported.json()["imported_messages"]), seconds
+
+
+async def search(
+    product: Product, auth: Mapping[str, str], record: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], float]:
+    """GET /memory/search of a question (k=10, as_of its date): the hits and
+    recall's own milliseconds (Server-Timing)."""
+    question = question_of(record)
+    as_of = haystack_time(record["question_date"]).isoformat()
+    found = await product.api.get(
+        "/memory/search", params={"q": question.text, "k": K, "as_of": as_of}, headers=auth
+    )
+    if found.status_code != 200:
+        raise SystemExit(f"{question.id}: search {found.status_code} {found.text}")
+    return found.json()["hits"], _server_timing(found.headers["server-timing"])
+
+
+def authorization(user_id: uuid.UUID) -> dict[str, str]:
+    from memchat import devtokens
+
+    return {"Authorization": f"Bearer {devtokens.mint(common.JWT_SECRET, user_id)}"}
+
+
+async def run(args: argparse.Namespace) -> None:
+    records = load(args.data)[: args.questions or None]
+    async with product(args) as memchat:
+        scored: list[Scored] = []
+        import_rates: list[float] = []
+        embed_seconds = 0.0
+        started = time.monotonic()
+        for number, record in enumerate(records, 1):
+            question = question_of(record)
+            auth = authorization(common.create_user(memchat.admin).user_id)
+            exchange_at, stored, seconds = await import_haystack(memchat, auth, record)
+            import_rates.append(stored / seconds)
+            t0 = time.perf_counter()
+            await until_recall_ready(memchat, auth)
+            embed_seconds += time.perf_counter() - t0
+            found, ms = await search(memchat, auth, record)
+            hits = [exchange_at[(hit["session_id"], _iso(hit["created_at"]))] for hit in found]
+            scored.append(Scored(question, score(question, hits), ms))
+            if args.verbose:
+                print(number, question.id, question.type, scored[-1].metrics, f"{ms:.1f}")
+            elif number % 10 == 0:
+                print(
+                    f"... {number}/{len(records)} questions, {time.monotonic() - started:.0f} s",
+                    file=sys.stderr,
+                )
+        settings = memchat.settings
+        print(common.machine_report(memchat.admin, memchat.target))
+        print(
+            f"model {settings.openai_embedding_model} ({settings.embedding_dimensions}"
+            f" dimensions), k={K}, MEMORY_RECALL_MIN_SCORE={settings.memory_recall_min_score},"
+            f" MEMORY_RECALL_DUPLICATE_SCORE={settings.memory_recall_duplicate_score},"
+            f" MEMORY_RECALL_WORDS={settings.memory_recall_words},"
+            f" MEMORY_RECALL_TIME={settings.memory_recall_time}; data {args.data.name};"
+            f" embeddings cache {memchat.cache.hits} hits, {memchat.cache.misses} misses"
+        )
+        print(
+            f"import: median {statistics.median(import_rates):,.0f} messages/s per request"
+            f" (POST /sessions/import, embeddings aside; {len(import_rates)} requests);"
+            f" backfill and waiting for it: {embed_seconds:.1f} s in all"
+        )
+        headers, rows = table(scored)
+        print(common.format_table(headers, rows))
+        print(summary_line(scored))
 
 
 def _iso(value: str) -> str:
@@ -250,12 +292,13 @@ def _server_timing(header: str) -> float:
     raise ValueError(f"no recall timing in {header!r}")
 
 
-async def _until_recall_ready(api: Any, embedder: Any, auth: Mapping[str, str]) -> None:
-    for _ in range(100):
-        status = await api.get("/sessions/import/status", headers=auth)
+async def until_recall_ready(product: Product, auth: Mapping[str, str]) -> None:
+    """The backfill run until GET /sessions/import/status says recall is ready."""
+    for _ in range(1000):
+        status = await product.api.get("/sessions/import/status", headers=auth)
         if status.json()["recall_ready"]:
             return
-        await embedder.run()
+        await product.embedder.run()
     raise SystemExit("the backfill did not finish: is the embeddings server answering?")
 
 

@@ -160,3 +160,20 @@ def through_data_api(
             (json.dumps(claims),),
         )
         yield conn
+
+
+def key_partition(admin: psycopg.Connection, user_id: uuid.UUID) -> tuple[str, float, int]:
+    """The user's partition of memchat.message_embeddings: its name, the rows
+    its statistics count (-1: never analysed) and the rows it holds."""
+    row = admin.execute(
+        "select memchat.key_partition_of('message_embeddings', %s)::text", (user_id,)
+    ).fetchone()
+    assert row is not None
+    name = str(row[0])
+    (counted,) = admin.execute(
+        "select reltuples from pg_class where oid = %s::regclass", (name,)
+    ).fetchone() or (None,)
+    (present,) = admin.execute(
+        sql.SQL("select count(*) from {}").format(sql.Identifier(*name.split(".")))
+    ).fetchone() or (None,)
+    return name, float(counted), int(present)

@@ -83,6 +83,9 @@ class EmbeddingRun:
     failed: int = 0  # sessions whose pass failed (retried later)
     gave_up: int = 0
     rounds: int = 0
+    # Young recall-key partitions analysed after a round (statistics for
+    # recall's plans; migration *_young_partition_statistics.sql).
+    analysed: int = 0
     duration_ms: float = 0.0
     finished: bool = False  # nothing queued was left
     # Why nothing was embedded, when the settings cannot be (else None).
@@ -199,6 +202,8 @@ class Embedder:
         if pending:
             await send(pending)
         await asyncio.gather(*sent)
+        if run.embedded > embedded:
+            run.analysed += await store.embedding_statistics(self.db, due)
         left = 0
         for item in due:
             if item.lease in failed:
