@@ -372,10 +372,14 @@ def test_a_long_history_leaves_its_commonest_words_out(own: Fresh) -> None:
     # Phrases and exclusions are left whole.
     assert rarer('"weather report" zebra7', 40_000) == "'weather' <-> 'report' | 'zebra7'"
 
-    # Recall's own budget (migration *_words_budget.sql): a history past 100
-    # rounds leaves its commonest words out; one of 100 keeps them all.
-    assert rarer("weather zebra7", 101, None) == "'zebra7'"
-    assert rarer("weather zebra7", 100, None) == "'weather' | 'zebra7'"
+    # Recall's own budget (migration *_words_budget.sql): a history past 300
+    # rounds leaves its commonest words out until the rest fit 100 rounds;
+    # one of 300 or fewer keeps them all, whatever the budget and the
+    # statistics (migration *_short_history_words.sql).
+    assert rarer("weather zebra7", 301, None) == "'zebra7'"
+    assert rarer("weather zebra7", 300, None) == "'weather' | 'zebra7'"
+    assert rarer("weather zebra7", 300, 10) == "'weather' | 'zebra7'"
+    assert rarer("weather zebra7", 301, 10) == "'zebra7'"
     # No word list when the rarest word is expected in over 1,000 rounds.
     assert rarer("weather", 1_000, None) == "'weather'"
     assert rarer("weather", 1_001, None) == "None"
