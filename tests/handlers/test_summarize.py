@@ -31,6 +31,7 @@ EMBEDDING_KEYS = {
     "failed",
     "gave_up",
     "rounds",
+    "analysed",
     "duration_ms",
     "finished",
     "refused",
