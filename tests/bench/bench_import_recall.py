@@ -16,10 +16,10 @@ says recall is ready, the N questions are searched in turn (GET
 Per state: the median of the first 10 searches, the median, p95 and max
 of recall's own time (Server-Timing `recall`). Also the user's key
 partition as the statistics count it after the backfill (-1: never
-analysed) against the rows it holds: the backfill analyses a young
-partition once it holds 1,000 keys and again each time it doubles (migration
-*_young_partition_statistics.sql); autovacuum's threshold for the
-partitions is 5,000 changed rows.
+analysed) against the rows it holds: each backfill run ends by analysing
+the young partitions that hold 1,000 keys, or twice what their statistics
+count (migration *_young_partition_sweep.sql); autovacuum's threshold for
+the partitions is 5,000 changed rows.
 
     python tests/bench/bench_import_recall.py                  # 20 questions
     python tests/bench/bench_import_recall.py --questions 10   # 2,400 keys

@@ -106,7 +106,7 @@ WORKER_FUNCTIONS = {
     # column's size it checks before embedding anything.
     "memchat.embedding_claim(integer,double precision)",
     "memchat.embedding_source(uuid,text,bigint,integer)",
-    "memchat.embedding_statistics(uuid[])",
+    "memchat.embedding_statistics()",
     "memchat.embedding_save(uuid[],text,bigint[],text[])",
     "memchat.embedding_done(uuid,text)",
     "memchat.embedding_failed(uuid,double precision)",

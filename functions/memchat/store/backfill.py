@@ -41,7 +41,7 @@ _FACTS = (
     "select memchat.facts_save(%s::uuid[], %s::bigint[], %s, %s::bigint[], %s::integer[],"
     " %s::text[])"
 )
-_STATISTICS = "select memchat.embedding_statistics(%s::uuid[])"
+_STATISTICS = "select memchat.embedding_statistics()"
 _DONE = "select memchat.embedding_done(%s, %s)"
 _FAILED = "select memchat.embedding_failed(%s, %s)"
 
@@ -168,12 +168,12 @@ async def save_facts(
     return int(await _call(db, None, _FACTS, args))
 
 
-async def embedding_statistics(db: Database, items: Sequence[DueEmbeddings]) -> int:
-    """After a round, before its items are settled: analyse the recall-key
-    partitions of the items' owners that hold at least 1,000 keys and were
-    never analysed, or twice as many as their statistics count (under 5,000;
-    migration *_young_partition_statistics.sql). Returns how many."""
-    return int(await _call(db, None, _STATISTICS, ([item.lease for item in items],)))
+async def embedding_statistics(db: Database) -> int:
+    """Analyse the young recall-key partitions that hold at least 1,000 keys
+    and were never analysed, or twice as many as their statistics count
+    (under 5,000; migration *_young_partition_sweep.sql), whoever grew them.
+    Returns how many."""
+    return int(await _call(db, None, _STATISTICS, ()))
 
 
 async def embeddings_done(db: Database, item: DueEmbeddings, *, model: str) -> bool:

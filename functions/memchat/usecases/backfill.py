@@ -83,8 +83,8 @@ class EmbeddingRun:
     failed: int = 0  # sessions whose pass failed (retried later)
     gave_up: int = 0
     rounds: int = 0
-    # Young recall-key partitions analysed after a round (statistics for
-    # recall's plans; migration *_young_partition_statistics.sql).
+    # Young recall-key partitions analysed at the end of the run (statistics
+    # for recall's plans; migration *_young_partition_sweep.sql).
     analysed: int = 0
     duration_ms: float = 0.0
     finished: bool = False  # nothing queued was left
@@ -143,6 +143,10 @@ class Embedder:
             run.rounds += 1
             if not await self._round(due, run):
                 break  # stuck (every lease lost?): the next run takes over
+        if run.refused is None:
+            # Statistics for the young key partitions this run or turns grew
+            # (recall's plans need them; migration *_young_partition_sweep.sql).
+            run.analysed += await store.embedding_statistics(self.db)
         run.duration_ms = (self.clock() - started) * 1000
         logger.info("embeddings", extra={"embeddings": run.as_dict()})
         return run
@@ -202,8 +206,6 @@ class Embedder:
         if pending:
             await send(pending)
         await asyncio.gather(*sent)
-        if run.embedded > embedded:
-            run.analysed += await store.embedding_statistics(self.db, due)
         left = 0
         for item in due:
             if item.lease in failed:
