@@ -64,14 +64,13 @@ async def searches(memchat: Product, auth: dict[str, str], records: Sequence[Any
 
 
 def row(state: str, times: list[float]) -> list[str]:
-    ordered = sorted(times)
-    p95 = ordered[max(0, round(0.95 * len(ordered)) - 1)]
+    stats = common.summarize(times)
     return [
         state,
         f"{statistics.median(times[:10]):.1f}",
-        f"{statistics.median(times):.1f}",
-        f"{p95:.1f}",
-        f"{ordered[-1]:.1f}",
+        f"{stats.median:.1f}",
+        f"{stats.p95:.1f}",
+        f"{stats.maximum:.1f}",
     ]
 
 

@@ -166,14 +166,13 @@ def key_partition(admin: psycopg.Connection, user_id: uuid.UUID) -> tuple[str, f
     """The user's partition of memchat.message_embeddings: its name, the rows
     its statistics count (-1: never analysed) and the rows it holds."""
     row = admin.execute(
-        "select memchat.key_partition_of('message_embeddings', %s)::text", (user_id,)
+        "select c.oid::regclass::text, c.reltuples from pg_class c"
+        " where c.oid = memchat.key_partition_of('message_embeddings', %s)",
+        (user_id,),
     ).fetchone()
     assert row is not None
-    name = str(row[0])
-    (counted,) = admin.execute(
-        "select reltuples from pg_class where oid = %s::regclass", (name,)
-    ).fetchone() or (None,)
+    name, counted = str(row[0]), float(row[1])
     (present,) = admin.execute(
         sql.SQL("select count(*) from {}").format(sql.Identifier(*name.split(".")))
     ).fetchone() or (None,)
-    return name, float(counted), int(present)
+    return name, counted, int(present)
