@@ -19,7 +19,16 @@ the client (--repeat calls each, the median per question):
   caller's picked out after (that function as it was, without the owner's
   lexeme, in a temporary function): its cost grows with the users in the
   table;
-- period: the exact scan within the question's period, where it names one.
+- period: the exact scan within the question's period, where it names one;
+- recall, plans discarded: the first recall after `discard plans` on the
+  same connection. memchat.recall's statements run with generic plans over
+  every key partition, kept by the connection; anything that changes a
+  partition's row in pg_class (an `analyze` that counts new rows, a vacuum,
+  the backfill's sweep of young partitions) throws them away in every
+  connection, and the next recall makes them again;
+- recall, new connection: the first recall of a connection just opened
+  (its catalog caches empty as well), as a new instance's first turn meets
+  it on a direct connection.
 
     DATABASE_URL=... python tests/bench/bench_longmemeval.py
     DATABASE_URL=... python tests/bench/bench_recall_pieces.py [--repeat 3]
@@ -122,6 +131,23 @@ def question_params(
     }
 
 
+FIRST_CALLS = ("recall, plans discarded", "recall, new connection")
+
+
+def timed_call(
+    conn: Any, claims: Mapping[str, Any], statement: str, params: Mapping[str, Any]
+) -> float:
+    """One statement as the caller of `claims` (its own transaction), its ms
+    from the client."""
+    from memchat.store.db import SET_CLAIMS, claims_params
+
+    with conn.transaction():
+        conn.execute(SET_CLAIMS, claims_params(claims))
+        started = time.perf_counter()
+        conn.execute(statement, params).fetchone()
+        return (time.perf_counter() - started) * 1000
+
+
 def percentile(values: Sequence[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
@@ -136,7 +162,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     import psycopg
 
     from memchat.model import minilm
-    from memchat.store.db import SET_CLAIMS, claims_params
 
     url = os.environ.get("DATABASE_URL")
     if not url:
@@ -149,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     admin.execute(EVERY_USERS_FUNCTION)
     admin.execute("grant execute on function pg_temp.rounds_matching_every to memchat_user")
     statements = {**PIECES, "words, every user's": EVERY_USERS_WORDS}
-    times: dict[str, list[float]] = {name: [] for name in statements}
+    times: dict[str, list[float]] = {name: [] for name in [*statements, *FIRST_CALLS]}
     users = 0
     for record, vector in zip(records, vectors, strict=True):
         found = question_params(admin, record, vector)
@@ -161,14 +186,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         for name, statement in statements.items():
             if name == "period" and params["f"] is None and params["u"] is None:
                 continue
-            calls = []
-            for _ in range(args.repeat):
-                with admin.transaction():
-                    admin.execute(SET_CLAIMS, claims_params(claims))
-                    started = time.perf_counter()
-                    admin.execute(statement, params).fetchone()
-                    calls.append((time.perf_counter() - started) * 1000)
+            calls = [timed_call(admin, claims, statement, params) for _ in range(args.repeat)]
             times[name].append(statistics.median(calls))
+        admin.execute("discard plans")
+        times[FIRST_CALLS[0]].append(timed_call(admin, claims, PIECES["recall"], params))
+        with psycopg.connect(url, autocommit=True, prepare_threshold=None) as fresh:
+            times[FIRST_CALLS[1]].append(timed_call(fresh, claims, PIECES["recall"], params))
     if not users:
         raise SystemExit("no imported question found: run bench_longmemeval.py on DATABASE_URL")
     table_users = admin.execute("select count(distinct user_id) from public.chat_sessions")
