@@ -148,11 +148,6 @@ def timed_call(
         return (time.perf_counter() - started) * 1000
 
 
-def percentile(values: Sequence[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="a LongMemEval JSON file")
@@ -202,7 +197,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         " piece per question (median), ms from the client"
     )
     rows = [
-        [name, len(v), f"{statistics.median(v):.2f}", f"{percentile(v, 0.95):.2f}", f"{max(v):.2f}"]
+        [
+            name,
+            len(v),
+            f"{statistics.median(v):.2f}",
+            f"{common.percentile(v, 95):.2f}",
+            f"{max(v):.2f}",
+        ]
         for name, v in times.items()
         if v
     ]
