@@ -145,6 +145,36 @@ async def test_a_word_match_outranks_every_match_by_meaning_alone(
         assert ([h["session_id"] for h in hits] == [ids[0]]) is words, words
 
 
+@pytest.mark.parametrize(
+    "query",
+    ["zoomlens-related advice", "pizza -zoomlens", '"Sony zoomlens"', "zoomlens or not"],
+    ids=["hyphen", "minus", "quotes", "or"],
+)
+async def test_a_messages_words_are_plain_words_not_search_syntax(
+    custom_api: Callable[..., ApiClient], embedder: Embedder, query: str
+) -> None:
+    """A chat message is not a web search (migration *_plain_words.sql): a
+    hyphenated word is found by its parts too, a minus is punctuation and no
+    exclusion, quotes are no phrase. Set up as the test above: by meaning
+    alone the target comes last, so only its word can bring it first. Read
+    as web search syntax, "zoomlens-related" was a phrase no round holds,
+    "-zoomlens" matched every round but the target, and "Sony zoomlens" in
+    quotes missed "... zoomlens suits your Sony body"."""
+    api = custom_api(memory_recall_min_score=-1)
+    _, auth = api.new_user()
+    target = [
+        ("user", "which camera should I buy", at(5)),
+        ("assistant", "the Sigma zoomlens suits your Sony body", at(5)),
+    ]
+    (target_id,) = await import_sessions(api, auth, target)
+    await import_sessions(
+        api, auth, *[[("user", f"tell me about subject {i} please", at(3))] for i in range(10)]
+    )
+    await embedder.run()
+    hits = (await search(api, auth, query, k=1)).json()["hits"]
+    assert [h["session_id"] for h in hits] == [target_id]
+
+
 async def test_the_floor_holds_for_word_matches_too(
     custom_api: Callable[..., ApiClient], embedder: Embedder
 ) -> None:

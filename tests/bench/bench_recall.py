@@ -11,7 +11,7 @@ Run on demand (pytest does not collect `bench_*.py`):
         [--iterations 100] [--warmup 10] [--idle-ms 50]
         [--ef-search 40,200] [--turns 100] [--turn-sizes 1000,10000]
         [--embed-ms 50] [--latency-ms 1] [--parts query,hnsw,turn] [--explain]
-        [--shared-buffers 256MB]
+        [--shared-buffers 256MB] [--query-punctuation none|minus|hyphen]
 
 --shared-buffers restarts the embedded server with that much shared_buffers
 (its default is 128MB): a long history's recall reads its partition's HNSW
@@ -64,7 +64,12 @@ things (no sentence end), so the insert trigger marks every row's fact keys
 done (facts_model = model) and queues nothing; recall does not read that
 column. No text holds a time expression, so recall's period list stays off
 (period=None, as for most turns). `--no-words`: text=None (the two vector
-lists only), to tell the words list's cost apart.
+lists only), to tell the words list's cost apart. `--query-punctuation`
+writes each query's words as chat text often does: `minus` puts a minus
+before its last word ("... -word"), `hyphen` joins its first two with a
+hyphen ("word-word ..."). Read as web-search syntax (before migration
+*_plain_words.sql), either bypassed the budget of common words and the
+minus matched every round without its word.
 
 The fill drops the migrations' HNSW indexes (*_recall_at_scale.sql; over
 the keys in half precision since *_half_precision_index.sql) while it
@@ -187,6 +192,12 @@ WORDS_PER_TOPIC = 12
 QUESTION_WORDS = (4, 10)
 ANSWER_WORDS = (6, 30)
 QUERY_WORDS = (3, 5)
+# --query-punctuation: how each query's words are written.
+PUNCTUATION = {
+    "none": lambda words: words,
+    "minus": lambda words: [*words[:-1], "-" + words[-1]],
+    "hyphen": lambda words: [words[0] + "-" + words[1], *words[2:]],
+}
 SYLLABLES = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
 # The HNSW indexes this benchmark builds (never in the migrations), by table.
 HNSW_INDEXES = {
@@ -513,9 +524,10 @@ def fill(
     vectors: Vectors,
     created: list[uuid.UUID],
     maintenance_work_mem: str = "1GB",
+    punctuation: str = "none",
 ) -> Filled:
     """Users, sessions, messages (question + answer), embeddings and fact keys,
-    interleaved."""
+    interleaved; each query's text written with `punctuation` (PUNCTUATION)."""
     started = time.perf_counter()
     rng = vectors.rng
     words = Words(rng)
@@ -660,7 +672,10 @@ def fill(
                 caller=caller,
                 session_id=session_ids[u][-1],
                 queries=[[float(x) for x in q] for q in queries],
-                texts=words.texts(picked, QUERY_WORDS),
+                texts=[
+                    " ".join(PUNCTUATION[punctuation](text.split()))
+                    for text in words.texts(picked, QUERY_WORDS)
+                ],
             )
         )
     for o in owners:
@@ -1151,6 +1166,7 @@ async def run(args: argparse.Namespace) -> int:
                 vectors,
                 created,
                 args.maintenance_work_mem,
+                args.query_punctuation,
             )
             owners = filled.owners
             settings_row = admin.execute(
@@ -1184,7 +1200,7 @@ async def run(args: argparse.Namespace) -> int:
                 f"texts:      pseudo-words, {WORDS_PER_TOPIC} per topic and {VOCABULARY:,}"
                 f" common (Zipf-like); message {sum(QUESTION_WORDS)} words, answer"
                 f" {sum(ANSWER_WORDS)}, query {sum(QUERY_WORDS)} ({QUERY_WORDS[0]} of its"
-                " topic); "
+                f" topic; punctuation: {args.query_punctuation}, e.g. {owners[0].texts[0]!r}); "
                 + (
                     f"rounds holding a word of the query (mean): {shares}"
                     if args.words
@@ -1544,6 +1560,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--shared-buffers",
         default=None,
         help="the embedded server's shared_buffers, e.g. 256MB (its default, 128MB)",
+    )
+    parser.add_argument(
+        "--query-punctuation",
+        choices=sorted(PUNCTUATION),
+        default="none",
+        help="each query's words as they are (none), the last after a minus (minus),"
+        " the first two joined by a hyphen (hyphen)",
     )
     args = parser.parse_args(argv)
     unknown = set(args.parts) - {"query", "hnsw", "turn"}

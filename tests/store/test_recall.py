@@ -11,6 +11,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from memchat import store
 from memchat.store.db import Database
@@ -354,3 +356,61 @@ def test_a_vector_parameter_reaches_pgvector_as_its_float32s(
             "select %s::extensions.vector is null", (store.fragments.vector_param(None),)
         ).fetchone()
         assert null is True
+
+
+# Chat text that web-search syntax would read as operators, and text of every kind.
+AWKWARD = [
+    "bike-related",
+    "-pineapple",
+    "so-so -tired",
+    '"a phrase"',
+    "or",
+    "O'Brien's",
+    "C:\\temp\\x'y",
+    "e-mail",
+    "it was -5 degrees",
+    "a.b@c.com",
+    "http://example.org/it's",
+    "!",
+    "<->",
+    "&",
+    "|",
+    "'quoted'",
+    "state-of-the-art",
+]
+texts = st.lists(
+    st.one_of(st.sampled_from(AWKWARD), st.text(max_size=20).filter(lambda t: "\x00" not in t)),
+    max_size=8,
+).map(" ".join)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(text=texts)
+def test_recalls_words_are_the_plain_words_of_any_text(
+    admin: psycopg.Connection, text: str
+) -> None:
+    """memchat.any_words (migration *_plain_words.sql): the word list matches
+    any of the message's lexemes, each alone, and nothing else. Web-search
+    syntax made a hyphenated word a phrase (a round saying one of its parts
+    did not match) and a minus a negation (every round without the word
+    matched, and the word budget was bypassed)."""
+    lexemes, words, nodes, alone, empty = admin.execute(
+        "with q as (select memchat.any_words(%(t)s) as q,"
+        " tsvector_to_array(to_tsvector('english', %(t)s)) as l)"
+        " select l, q::text, numnode(q.q),"
+        " (select bool_and(array_to_tsvector(array[w]) @@ q.q) from unnest(l) w),"
+        " ''::tsvector @@ q.q"
+        " from q",
+        {"t": text},
+    ).fetchone()
+    if not lexemes:
+        assert words is None
+        return
+    # Every lexeme alone matches (no phrase needs its neighbours), a round
+    # without any of them does not (no negation), and the query is the
+    # lexemes and the ORs between them, nothing more.
+    assert alone is True
+    assert empty is False
+    assert nodes == 2 * len(lexemes) - 1, words

@@ -369,8 +369,15 @@ def test_a_long_history_leaves_its_commonest_words_out(own: Fresh) -> None:
     # 40,000 rounds to list the 20 best by one word that they all hold.
     assert rarer("weather", 40_000) == "None"
     assert rarer("weather report", 40_000) == "None"
-    # Phrases and exclusions are left whole.
-    assert rarer('"weather report" zebra7', 40_000) == "'weather' <-> 'report' | 'zebra7'"
+    # Quotes, hyphens and minus signs are plain text (migration
+    # *_plain_words.sql): their words are left out like any other. As web
+    # search syntax, a phrase or an exclusion kept every word, "weather" too.
+    assert rarer('"weather report" zebra7', 40_000) == "'zebra7'"
+    assert rarer("-weather zebra7", 40_000) == "'zebra7'"
+    assert rarer("weather-report zebra7", 40_000) == "'weather-report' | 'zebra7'"
+    # A lexeme may hold ! or < itself (a URL's path); the words still are
+    # only lexemes joined by |, and the common one is left out.
+    assert rarer("weather a.com/x!y", 40_000) == "'/x!y' | 'a.com' | 'a.com/x!y'"
 
     # Recall's own budget (migration *_words_budget.sql): a history past 300
     # rounds leaves its commonest words out until the rest fit 100 rounds;
