@@ -188,6 +188,17 @@ async def test_a_young_partition_grown_by_turns_is_analysed_by_the_next_run(
     assert run.analysed >= 1
     _, counted, present = key_partition(admin, bob.user_id)
     assert counted == present >= due
+    # And recall's copy of its word statistics is made from that analysis
+    # (migration *_common_words_copy.sql): "turn", in every round, is listed.
+    (latest, turn_share) = admin.execute(
+        "select w.analysed_at = memchat.last_analysed(memchat.key_partition_of("
+        "'message_embeddings', %(u)s)), c.share from memchat.word_statistics w"
+        " left join memchat.common_words c on c.partition_name = w.partition_name"
+        " and c.lexeme = 'turn'"
+        " where w.partition_name = memchat.key_partition_name('message_embeddings', %(u)s)",
+        {"u": bob.user_id},
+    ).fetchone()
+    assert latest and turn_share > 0.1
 
 
 async def test_requests_pack_sessions_in_batches_of_the_set_size(

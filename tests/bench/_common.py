@@ -178,10 +178,14 @@ def server_version(conn: psycopg.Connection[Any]) -> str:
 def vacuum_analyze(admin: psycopg.Connection[Any], *tables: str) -> None:
     """Settle freshly filled tables (visibility map, statistics) before timing.
 
-    `admin` must be in autocommit mode; names may be schema-qualified.
+    `admin` must be in autocommit mode; names may be schema-qualified. After
+    the recall keys' analysis, recall's copy of their word statistics is
+    made, as the backfill's next run would (migration *_common_words_copy.sql).
     """
     for table in tables:
         admin.execute(sql.SQL("vacuum (analyze) {}").format(sql.Identifier(*table.split("."))))
+    if "memchat.message_embeddings" in tables:
+        admin.execute("select memchat.copy_word_statistics()")
 
 
 # ---------------------------------------------------------------- timing

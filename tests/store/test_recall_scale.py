@@ -392,6 +392,86 @@ def test_a_long_history_leaves_its_commonest_words_out(own: Fresh) -> None:
     assert rarer("weather", 1_001, None) == "None"
 
 
+def test_the_common_words_are_read_from_the_copy_while_it_is_the_latest(own: Fresh) -> None:
+    # memchat.rarer_words reads the partition's common lexemes from a copy of
+    # its statistics (migration *_common_words_copy.sql) instead of pg_stats,
+    # as long as the copy is of the partition's last analysis.
+    caller = UserFactory(own.admin).create()
+    rng = random.Random(6)
+    texts = [f"weather report {i} and zebra{i % 50}" for i in range(400)]
+    fill(own.admin, caller, [unit([rng.gauss(0, 1) for _ in range(DIMS)])] * 400, texts)
+
+    def rarer() -> str:
+        with acting_as(own.admin, caller.claims) as conn:
+            return str(
+                scalar(
+                    conn,
+                    "select memchat.rarer_words(memchat.any_words(%s), 40000, 1000)",
+                    ("weather zebra7",),
+                )
+            )
+
+    def copied(lexeme: str) -> Any:
+        return scalar(
+            own.admin,
+            "select c.share from memchat.common_words c"
+            " where c.partition_name = memchat.key_partition_name('message_embeddings', %s)"
+            " and c.lexeme = %s",
+            (caller.user_id, lexeme),
+        )
+
+    partition = scalar(
+        own.admin, "select memchat.key_partition_name('message_embeddings', %s)", (caller.user_id,)
+    )
+    own.admin.execute("analyze memchat.message_embeddings")
+    # Not copied yet: pg_stats, where "weather" (every round) is common.
+    assert rarer() == "'zebra7'"
+    # The backfill's run copies what was analysed since its last run.
+    assert scalar(own.admin, "select memchat.embedding_statistics()") == 0
+    assert copied("weather") == pytest.approx(1.0)
+    assert scalar(
+        own.admin,
+        "select w.analysed_at = memchat.last_analysed(%s::regclass) from memchat.word_statistics w"
+        " where w.partition_name = %s",
+        (f"memchat.{partition}", partition),
+    )
+    assert rarer() == "'zebra7'"
+    # The copy is what is read: made to say "weather" is rare, it is kept.
+    own.admin.execute(
+        "update memchat.common_words set share = 0.0001"
+        " where partition_name = %s and lexeme = 'weather'",
+        (partition,),
+    )
+    assert rarer() == "'weather' | 'zebra7'"
+    # Analysed again, the partition's copy is older than its statistics and is
+    # not read until copied again; copying again replaces it.
+    time.sleep(0.01)
+    own.admin.execute("analyze memchat.message_embeddings")
+    assert rarer() == "'zebra7'"
+    assert copied("weather") == pytest.approx(0.0001)
+    assert scalar(own.admin, "select memchat.copy_word_statistics()") >= 1
+    assert copied("weather") == pytest.approx(1.0)
+    assert scalar(own.admin, "select memchat.copy_word_statistics()") == 0  # up to date
+    assert rarer() == "'zebra7'"
+
+    # No role but the owner reads the copy (it is pg_statistic's, many
+    # users' words): the caller reads its own partition's through rarer_words.
+    for role in (
+        "memchat_user",
+        "authenticated",
+        "anon",
+        "service_role",
+        "memchat_worker",
+        "memchat_cleanup",
+        "memchat_analyst",
+        "memchat_api",
+    ):
+        for table in ("memchat.word_statistics", "memchat.common_words"):
+            assert not scalar(
+                own.admin, "select has_table_privilege(%s, %s, 'select')", (role, table)
+            ), (role, table)
+
+
 def test_the_word_list_reads_only_the_callers_rounds(own: Fresh) -> None:
     # memchat.rounds_matching runs as the owner (so the GIN index can be
     # used): the caller's rows come from the verified claims, nobody else's.
