@@ -1222,6 +1222,19 @@ async def run(args: argparse.Namespace) -> int:
                 f"recall:     k={K}, window {WINDOW}, min score {MIN_SCORE},"
                 f" words {'on' if args.words else 'off'}, no period"
             )
+            # Which partition each measured user's keys are in, and how many
+            # keys it holds (its statistics): users are placed by a hash of
+            # their random ids, so two measured users may share one.
+            placed = admin.execute(
+                "select o.size, memchat.key_partition(o.id), c.reltuples::bigint"
+                " from unnest(%s::uuid[], %s::int[]) o(id, size)"
+                " join pg_class c on c.oid = memchat.key_partition_of('message_embeddings', o.id)",
+                ([o.caller.user_id for o in owners], [o.size for o in owners]),
+            ).fetchall()
+            print(
+                "partitions: "
+                + ", ".join(f"{size:,}: p{part:02d} ({keys:,} keys)" for size, part, keys in placed)
+            )
             print()
 
             query_runs: dict[str, list[Run]] = {}

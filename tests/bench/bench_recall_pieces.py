@@ -63,7 +63,7 @@ PIECES: dict[str, str] = {
     "nearest": "select array(select n.message_id from memchat.nearest_messages(auth.uid(),"
     " 'default', %(m)s, null, %(floor)s, %(q)s::extensions.vector, %(d)s, null, null) n)",
     "words": "select memchat.rounds_matching('default', %(m)s, memchat.rarer_words("
-    "memchat.any_words(%(t)s), %(n)s, memchat.words_budget()), null, %(floor)s, %(d)s)",
+    "memchat.any_words(%(t)s), %(n)s, memchat.words_budget()), null, %(floor)s, %(d)s, %(n)s)",
     "period": "select array(select n.message_id from memchat.nearest_messages(auth.uid(),"
     " 'default', %(m)s, null, %(floor)s, %(q)s::extensions.vector, %(d)s, %(f)s, %(u)s) n)",
 }

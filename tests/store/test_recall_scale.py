@@ -483,7 +483,7 @@ def test_the_word_list_reads_only_the_callers_rounds(own: Fresh) -> None:
     fill(own.admin, bob, vector, ["the parrot of Bob"])
     call = (
         "select memchat.rounds_matching('default', %s, to_tsquery('english', 'parrot'),"
-        " null, 9223372036854775807, 10)"
+        " null, 9223372036854775807, 10, 1)"
     )
     with acting_as(own.admin, alice.claims) as conn:
         assert scalar(conn, call, (MODEL,)) == [mine]
@@ -501,7 +501,7 @@ def test_the_word_list_reads_only_the_callers_rounds(own: Fresh) -> None:
     ):
         conn.execute(
             "select memchat.owned_rounds_matching(%s, 'default', %s, to_tsquery('parrot'),"
-            " to_tsquery('parrot'), null, 9223372036854775807, 10)",
+            " to_tsquery('parrot'), null, 9223372036854775807, 10, false)",
             (bob.user_id, MODEL),
         )
 
@@ -569,7 +569,7 @@ def test_the_word_list_reads_the_callers_rounds_however_many_others_hold_the_wor
     own.admin.execute("analyze memchat.message_embeddings")
     call = (
         "select memchat.rounds_matching('default', %s, memchat.any_words('parrot'),"
-        " null, 9223372036854775807, 10)"
+        " null, 9223372036854775807, 10, 1)"
     )
     before = lexemes_read(own.admin)
     with acting_as(own.admin, alice.claims) as conn:
@@ -712,15 +712,40 @@ def test_a_young_partition_is_analysed_after_thousands_of_changed_rows(own: Fres
 
 
 def test_a_long_historys_word_list_is_planned_for_its_words(own: Fresh) -> None:
-    # Planned once for any query (a generic plan), the word list cannot know
-    # how many of the caller's rounds hold its words: for a 50,000-round
-    # history it ANDed the words' index with the owner index and read every
-    # one of the caller's rounds from the latter (5 of 17 ms; measured in
-    # docs/benchmarks.md, "The word list planned for its words"). It is
-    # planned for each call's words and caller instead (migration
-    # *_word_list_plans.sql), as PostgreSQL before 18 plans a SQL function.
-    settings = scalar(
-        own.admin,
-        "select proconfig from pg_proc where oid = 'memchat.owned_rounds_matching'::regproc",
+    # Planned without its words (a generic plan), the word list cannot know
+    # how many of the caller's rounds hold them: for a 50,000-round history
+    # it ANDed the words' index with the owner index and read every one of
+    # the caller's rounds from the latter (5 of 17 ms; docs/benchmarks.md,
+    # "The word list planned for its words"). A long history's word list is
+    # planned for each call's words and caller; a short one's keeps the
+    # connection's generic plan instead of planning at every call
+    # (migration *_word_list_plans_everywhere.sql: on every PostgreSQL
+    # version, where a SQL function's setting worked on 18 only).
+    caller = UserFactory(own.admin).create()
+    rng = random.Random(12)
+    texts = [f"my parrot {i} likes seeds" if i % 3 else f"the weather {i}" for i in range(60)]
+    fill(own.admin, caller, [unit([rng.gauss(0, 1) for _ in range(DIMS)])] * 60, texts)
+    planned_from = scalar(own.admin, "select memchat.words_planned_from()")
+    call = (
+        "select memchat.rounds_matching('default', %s, memchat.any_words(%s),"
+        " null, 9223372036854775807, 10, %s)"
     )
-    assert "plan_cache_mode=force_custom_plan" in settings
+
+    def word_list(words: str, rounds: int) -> tuple[list[int], bool]:
+        """The list, and whether the connection kept a generic plan of it."""
+        with psycopg.connect(own.admin_url, autocommit=True) as conn:
+            with acting_as(conn, caller.claims):
+                ids = scalar(conn, call, (MODEL, words, rounds))
+            kept = scalar(
+                conn,
+                "select count(*) from pg_backend_memory_contexts"
+                " where name = 'CachedPlan' and ident like '%%ts_rank(e.lexemes%%'",
+            )
+        return ids, kept > 0
+
+    for words in ("parrot", "weather seeds", "parrot weather", "nothing here"):
+        short, kept_short = word_list(words, planned_from)
+        long, kept_long = word_list(words, planned_from + 1)
+        assert (kept_short, kept_long) == (True, False), words
+        assert short == long, words  # the same list either way
+    assert len(word_list("parrot", 1)[0]) == 10
