@@ -411,18 +411,18 @@ def test_the_common_words_are_read_from_the_copy_while_it_is_the_latest(own: Fre
                 )
             )
 
+    partition = scalar(
+        own.admin, "select memchat.key_partition_name('message_embeddings', %s)", (caller.user_id,)
+    )
+
     def copied(lexeme: str) -> Any:
         return scalar(
             own.admin,
             "select c.share from memchat.common_words c"
-            " where c.partition_name = memchat.key_partition_name('message_embeddings', %s)"
-            " and c.lexeme = %s",
-            (caller.user_id, lexeme),
+            " where c.partition_name = %s and c.lexeme = %s",
+            (partition, lexeme),
         )
 
-    partition = scalar(
-        own.admin, "select memchat.key_partition_name('message_embeddings', %s)", (caller.user_id,)
-    )
     own.admin.execute("analyze memchat.message_embeddings")
     # Not copied yet: pg_stats, where "weather" (every round) is common.
     assert rarer() == "'zebra7'"
