@@ -1,0 +1,250 @@
+"""What a turn runs in the database is planned once per connection (issue 22).
+
+A statement inside a PL/pgSQL function is planned through the plan cache, once
+per connection (generic plans). A SQL-language function the planner does not
+inline is planned again each time the statement calling it runs before
+PostgreSQL 18, which Supabase runs (15, 17): migration
+*_plans_kept_everywhere.sql made those PL/pgSQL. These tests hold both:
+
+- a turn's store calls, repeated on one connection, plan nothing beyond the
+  client's own statements (counted with debug_print_plan, which reports each
+  plan the server makes);
+- every SQL-language function our PL/pgSQL functions reach, however deep, is
+  one the planner inlines or a constant, so no version plans it per call.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from memchat import store
+from memchat.store.db import Database
+from memchat.throttle import Rate
+from tests.utils.store_data import exchange, turn
+from tests.utils.users import UserFactory
+
+DIMS = 512
+MODEL = "test-embedding-model"
+SCHEMAS = ("memchat", "public", "auth")
+
+
+class PlanCounter:
+    """The plans the server makes on one connection (debug_print_plan's LOG
+    messages, sent to the client with client_min_messages = log)."""
+
+    def __init__(self) -> None:
+        self.plans: list[str] = []
+
+    def notice(self, diag: psycopg.errors.Diagnostic) -> None:
+        if diag.message_primary == "plan:":
+            self.plans.append(diag.message_detail or "")
+
+    async def during(self, work: Callable[[], Awaitable[Any]]) -> list[str]:
+        """The plans made while `work` ran (each a plan tree's dump)."""
+        before = len(self.plans)
+        await work()
+        return self.plans[before:]
+
+
+@pytest.fixture
+async def one_connection(database_url: str) -> AsyncIterator[tuple[Database, PlanCounter]]:
+    """The API's Database with one connection, which reports what it plans."""
+    db = Database(database_url, max_connections=1)
+    counter = PlanCounter()
+    async with db.connection() as conn:
+        conn.add_notice_handler(counter.notice)
+        await conn.execute("set client_min_messages = log")
+        await conn.execute("set debug_print_plan = on")
+    yield db, counter
+    await db.close()
+
+
+def vector(seed: int) -> store.Embedding:
+    values = [0.0] * DIMS
+    values[seed % DIMS] = 1.0
+    values[(seed * 7 + 3) % DIMS] = 0.5
+    return store.Embedding(MODEL, values)
+
+
+async def test_a_turn_plans_only_the_clients_statements(
+    one_connection: tuple[Database, PlanCounter], users: UserFactory
+) -> None:
+    db, counter = one_connection
+    caller = users.create()
+    session_id = uuid.uuid4()
+    throttle = Rate(per_minute=6000, burst=1000)
+
+    async def nothing() -> None:
+        # The pipeline's own statements: the claims, the user check.
+        async with db.pipeline(caller.claims) as conn:
+            await conn.execute("select 1")
+
+    async def load() -> None:
+        await store.load_context(
+            db, caller, session_id=session_id, agent_name="default", window=10, throttle=throttle
+        )
+
+    async def recall(i: int) -> None:
+        await store.recall(
+            db,
+            caller,
+            session_id=session_id,
+            agent_name="default",
+            window=4,
+            query=vector(i),
+            k=3,
+            min_score=0.0,
+            text=f"which green teas did I name in round {i}?",
+        )
+
+    async def record(i: int) -> None:
+        said = turn(session_id, exchange(f"I like green tea number {i}", f"noted: tea {i}"))
+        await store.record_turn(db, caller, replace(said, embedding=vector(i), summary_due_after=4))
+
+    # The first calls make the connection's plans (a statement left to
+    # plan_cache_mode = auto is planned for its values five times first).
+    for i in range(8):
+        await load()
+        await recall(i)
+        await record(i)
+
+    own = len(await counter.during(nothing))
+    assert own >= 2  # the counter sees plans at all
+    plans = {
+        "load_context": await counter.during(load),
+        "recall": await counter.during(lambda: recall(100)),
+        "record_turn": await counter.during(lambda: record(100)),
+    }
+    per_call = {name: len(made) - own for name, made in plans.items()}
+    # Each is one statement of the client's, as `nothing`'s `select 1` is.
+    assert per_call == {"load_context": 0, "recall": 0, "record_turn": 0}, {
+        name: [plan[:1000] for plan in made] for name, made in plans.items()
+    }
+
+
+# ------------------------------------------------------------- the rule
+
+_CALL = re.compile(r"\b((?:memchat|public|auth)\.[a-z_0-9]+)\s*\(", re.IGNORECASE)
+
+
+def functions(admin: psycopg.Connection) -> dict[str, dict[str, Any]]:
+    rows = admin.execute(
+        """
+        select n.nspname || '.' || p.proname, l.lanname, p.provolatile, p.pronargs,
+               p.proretset, p.prosrc, p.oid::regprocedure::text,
+               array(select pg_catalog.format_type(t, null)
+                       from unnest(p.proargtypes) with ordinality a(t, i) order by i)
+          from pg_catalog.pg_proc p
+          join pg_catalog.pg_namespace n on n.oid = p.pronamespace
+          join pg_catalog.pg_language l on l.oid = p.prolang
+         where n.nspname = any(%s) and p.prokind = 'f'
+        """,
+        (list(SCHEMAS),),
+    ).fetchall()
+    return {
+        name: {
+            "language": language,
+            "volatility": volatility,
+            "args": args,
+            "set": set_returning,
+            "source": source,
+            "signature": signature,
+            "types": types,
+        }
+        for name, language, volatility, args, set_returning, source, signature, types in rows
+    }
+
+
+def reached_from_plpgsql(found: dict[str, dict[str, Any]]) -> set[str]:
+    """The SQL-language functions PL/pgSQL functions call, directly or
+    through other SQL functions."""
+    reached: set[str] = set()
+    todo = [
+        called
+        for f in found.values()
+        if f["language"] == "plpgsql"
+        for called in _CALL.findall(f["source"])
+    ]
+    while todo:
+        name = todo.pop().lower()
+        if name in reached or name not in found or found[name]["language"] != "sql":
+            continue
+        reached.add(name)
+        todo.extend(_CALL.findall(found[name]["source"]))
+    return reached
+
+
+def inlined(admin: psycopg.Connection, name: str, f: dict[str, Any]) -> bool:
+    """Whether the planner replaces a call of `name` with its body, as
+    PL/pgSQL's generic plans see it (parameters, not values)."""
+    params = sql.SQL(", ").join(sql.SQL("$" + str(i + 1)) for i in range(f["args"]))
+    call = sql.SQL("{}({})").format(sql.Identifier(*name.split(".")), params)
+    statement = (
+        sql.SQL("select * from {}").format(call) if f["set"] else sql.SQL("select {}").format(call)
+    )
+    prepare = sql.SQL("prepare inlined_probe")
+    execute = sql.SQL("explain (verbose, costs off) execute inlined_probe")
+    if f["args"]:
+        types = sql.SQL(", ").join(sql.SQL(t) for t in f["types"])
+        nulls = sql.SQL(", ").join(sql.SQL("null") for _ in f["types"])
+        prepare = sql.SQL("{}({})").format(prepare, types)
+        execute = sql.SQL("{}({})").format(execute, nulls)
+    with admin.transaction():
+        admin.execute("set local plan_cache_mode = force_generic_plan")
+        admin.execute(sql.SQL("{} as {}").format(prepare, statement))
+        try:
+            plan = "\n".join(row[0] for row in admin.execute(execute).fetchall())
+        finally:
+            admin.execute("deallocate inlined_probe")
+    short = name.split(".", 1)[1]
+    return re.search(rf"\b{re.escape(short)}\(", plan) is None and (
+        f"Function Scan on {short}" not in plan
+    )
+
+
+def test_sql_functions_called_from_plpgsql_are_inlined_or_constants(
+    admin: psycopg.Connection,
+) -> None:
+    found = functions(admin)
+    reached = reached_from_plpgsql(found)
+    # The walk sees the calls it should (a direct one, a nested one).
+    assert {"memchat.embeddable", "auth.uid"} <= reached
+    planned_per_call = sorted(
+        found[name]["signature"]
+        for name in reached
+        if not (found[name]["volatility"] == "i" and found[name]["args"] == 0)
+        and not inlined(admin, name, found[name])
+    )
+    assert planned_per_call == []
+
+
+def test_the_inlining_probe_tells_a_function_that_is_not_inlined(
+    admin: psycopg.Connection,
+) -> None:
+    name = f"memchat.probe_{uuid.uuid4().hex[:8]}"
+    with admin.transaction():
+        admin.execute(
+            sql.SQL(
+                "create function {}(p integer) returns integer language sql stable"
+                " set search_path = '' as $$ select p + 1 $$"
+            ).format(sql.Identifier(*name.split(".")))
+        )
+        found = functions(admin)
+        assert not inlined(admin, name, found[name])
+        admin.execute(
+            sql.SQL(
+                "create or replace function {}(p integer) returns integer language sql stable"
+                " as $$ select p + 1 $$"
+            ).format(sql.Identifier(*name.split(".")))
+        )
+        found = functions(admin)
+        assert inlined(admin, name, found[name])
+        admin.execute(sql.SQL("drop function {}(integer)").format(sql.Identifier(*name.split("."))))
