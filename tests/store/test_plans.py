@@ -8,7 +8,8 @@ PostgreSQL 18, which Supabase runs (15, 17): migration
 
 - a turn's store calls, repeated on one connection, plan nothing beyond the
   client's own statements (counted with debug_print_plan, which reports each
-  plan the server makes);
+  plan the server makes), on the suite's PostgreSQL 18 and on 16
+  (tests/utils/postgres16.py);
 - every SQL-language function our PL/pgSQL functions reach, however deep, is
   one the planner inlines or a constant, so no version plans it per call.
 """
@@ -17,7 +18,8 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -25,9 +27,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from memchat import store
+from memchat import devdb, store
 from memchat.store.db import Database
+from memchat.store.migrations import migrate
 from memchat.throttle import Rate
+from tests.utils.postgres16 import postgres16
 from tests.utils.store_data import exchange, turn
 from tests.utils.users import UserFactory
 
@@ -54,17 +58,19 @@ class PlanCounter:
         return self.plans[before:]
 
 
-@pytest.fixture
+@asynccontextmanager
 async def one_connection(database_url: str) -> AsyncIterator[tuple[Database, PlanCounter]]:
     """The API's Database with one connection, which reports what it plans."""
     db = Database(database_url, max_connections=1)
     counter = PlanCounter()
-    async with db.connection() as conn:
-        conn.add_notice_handler(counter.notice)
-        await conn.execute("set client_min_messages = log")
-        await conn.execute("set debug_print_plan = on")
-    yield db, counter
-    await db.close()
+    try:
+        async with db.connection() as conn:
+            conn.add_notice_handler(counter.notice)
+            await conn.execute("set client_min_messages = log")
+            await conn.execute("set debug_print_plan = on")
+        yield db, counter
+    finally:
+        await db.close()
 
 
 def vector(seed: int) -> store.Embedding:
@@ -74,60 +80,93 @@ def vector(seed: int) -> store.Embedding:
     return store.Embedding(MODEL, values)
 
 
-async def test_a_turn_plans_only_the_clients_statements(
-    one_connection: tuple[Database, PlanCounter], users: UserFactory
-) -> None:
-    db, counter = one_connection
-    caller = users.create()
+async def turn_plans(database_url: str, caller: store.Caller) -> dict[str, int]:
+    """The plans a turn's store calls make inside the client's statements,
+    on a connection that has made its plans: per call, its plans less those
+    of a pipeline running `select 1` (the claims, the user check, one
+    statement of the client's)."""
     session_id = uuid.uuid4()
     throttle = Rate(per_minute=6000, burst=1000)
+    async with one_connection(database_url) as (db, counter):
 
-    async def nothing() -> None:
-        # The pipeline's own statements: the claims, the user check.
-        async with db.pipeline(caller.claims) as conn:
-            await conn.execute("select 1")
+        async def nothing() -> None:
+            async with db.pipeline(caller.claims) as conn:
+                await conn.execute("select 1")
 
-    async def load() -> None:
-        await store.load_context(
-            db, caller, session_id=session_id, agent_name="default", window=10, throttle=throttle
-        )
+        async def load() -> None:
+            await store.load_context(
+                db,
+                caller,
+                session_id=session_id,
+                agent_name="default",
+                window=10,
+                throttle=throttle,
+            )
 
-    async def recall(i: int) -> None:
-        await store.recall(
-            db,
-            caller,
-            session_id=session_id,
-            agent_name="default",
-            window=4,
-            query=vector(i),
-            k=3,
-            min_score=0.0,
-            text=f"which green teas did I name in round {i}?",
-        )
+        async def recall(i: int) -> None:
+            await store.recall(
+                db,
+                caller,
+                session_id=session_id,
+                agent_name="default",
+                window=4,
+                query=vector(i),
+                k=3,
+                min_score=0.0,
+                text=f"which green teas did I name in round {i}?",
+            )
 
-    async def record(i: int) -> None:
-        said = turn(session_id, exchange(f"I like green tea number {i}", f"noted: tea {i}"))
-        await store.record_turn(db, caller, replace(said, embedding=vector(i), summary_due_after=4))
+        async def record(i: int) -> None:
+            said = turn(session_id, exchange(f"I like green tea number {i}", f"noted: tea {i}"))
+            await store.record_turn(
+                db, caller, replace(said, embedding=vector(i), summary_due_after=4)
+            )
 
-    # The first calls make the connection's plans (a statement left to
-    # plan_cache_mode = auto is planned for its values five times first).
-    for i in range(8):
-        await load()
-        await recall(i)
-        await record(i)
+        # The first calls make the connection's plans (a statement left to
+        # plan_cache_mode = auto is planned for its values five times first).
+        for i in range(8):
+            await load()
+            await recall(i)
+            await record(i)
 
-    own = len(await counter.during(nothing))
-    assert own >= 2  # the counter sees plans at all
-    plans = {
-        "load_context": await counter.during(load),
-        "recall": await counter.during(lambda: recall(100)),
-        "record_turn": await counter.during(lambda: record(100)),
-    }
-    per_call = {name: len(made) - own for name, made in plans.items()}
-    # Each is one statement of the client's, as `nothing`'s `select 1` is.
-    assert per_call == {"load_context": 0, "recall": 0, "record_turn": 0}, {
-        name: [plan[:1000] for plan in made] for name, made in plans.items()
-    }
+        own = len(await counter.during(nothing))
+        assert own >= 2  # the counter sees plans at all
+        plans = {
+            "load_context": await counter.during(load),
+            "recall": await counter.during(lambda: recall(100)),
+            "record_turn": await counter.during(lambda: record(100)),
+        }
+    return {name: len(made) - own for name, made in plans.items()}
+
+
+NOTHING_INSIDE = {"load_context": 0, "recall": 0, "record_turn": 0}
+
+
+async def test_a_turn_plans_only_the_clients_statements(
+    database_url: str, users: UserFactory
+) -> None:
+    assert await turn_plans(database_url, users.create()) == NOTHING_INSIDE
+
+
+@pytest.fixture(scope="module")
+def postgres_16(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A PostgreSQL 16 server with the migrations applied: its owner's URI."""
+    with postgres16(tmp_path_factory.mktemp("pg16") / "data") as uri:
+        migrate(uri)
+        yield uri
+
+
+async def test_a_turn_plans_only_the_clients_statements_on_postgresql_16(
+    postgres_16: str,
+) -> None:
+    # Before 18 a SQL function the planner does not inline is planned at
+    # every call: the migrations' functions must not be such.
+    with psycopg.connect(postgres_16, autocommit=True) as admin:
+        version = admin.execute("show server_version_num").fetchone()
+        assert version is not None and 160000 <= int(version[0]) < 170000
+        caller = UserFactory(admin).create()
+    api_url = devdb.role_conninfo(postgres_16, devdb.API_ROLE)
+    assert await turn_plans(api_url, caller) == NOTHING_INSIDE
 
 
 # ------------------------------------------------------------- the rule
