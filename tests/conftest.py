@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -113,6 +114,17 @@ async def db(database_url: str) -> AsyncIterator[Database]:
 
 
 # ------------------------------------------------------------------ API
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A shell without job control starts a background command (`bash
+    # infra/test.sh &` in a script) with SIGINT ignored, and an ignored signal
+    # stays ignored in every child: the CLI processes the tests interrupt
+    # (Ctrl-C in `memchat chat`, `memchat embeddings serve`) would never see
+    # it. A handled signal is reset to its default in a child.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 JWT_SECRET = "test-jwt-secret-with-at-least-32-characters"
 UNUSED_DATABASE = "postgresql://unused@127.0.0.1:1/unused"  # never connected to
