@@ -113,9 +113,6 @@ async def db(database_url: str) -> AsyncIterator[Database]:
     await database.close()
 
 
-# ------------------------------------------------------------------ API
-
-
 def pytest_configure(config: pytest.Config) -> None:
     # A shell without job control starts a background command (`bash
     # infra/test.sh &` in a script) with SIGINT ignored, and an ignored signal
@@ -125,6 +122,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
+
+# ------------------------------------------------------------------ API
 
 JWT_SECRET = "test-jwt-secret-with-at-least-32-characters"
 UNUSED_DATABASE = "postgresql://unused@127.0.0.1:1/unused"  # never connected to
