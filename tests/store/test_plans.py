@@ -177,7 +177,7 @@ def functions(admin: psycopg.Connection) -> dict[str, dict[str, Any]]:
     rows = admin.execute(
         """
         select n.nspname || '.' || p.proname, l.lanname, p.provolatile, p.pronargs,
-               p.proretset, p.prosrc, p.oid::regprocedure::text,
+               p.proretset, p.oid::regprocedure::text,
                array(select pg_catalog.format_type(t, null)
                        from unnest(p.proargtypes) with ordinality a(t, i) order by i)
           from pg_catalog.pg_proc p
@@ -193,19 +193,19 @@ def functions(admin: psycopg.Connection) -> dict[str, dict[str, Any]]:
             "volatility": volatility,
             "args": args,
             "set": set_returning,
-            "source": source,
             "signature": signature,
             "types": types,
         }
-        for name, language, volatility, args, set_returning, source, signature, types in rows
+        for name, language, volatility, args, set_returning, signature, types in rows
     }
 
 
 def inlined(admin: psycopg.Connection, name: str, f: dict[str, Any]) -> bool:
     """Whether the planner replaces a call of `name` with its body, as
     PL/pgSQL's generic plans see it (parameters, not values)."""
+    schema, short = name.split(".")
     params = sql.SQL(", ").join(sql.SQL("$" + str(i + 1)) for i in range(f["args"]))
-    call = sql.SQL("{}({})").format(sql.Identifier(*name.split(".")), params)
+    call = sql.SQL("{}({})").format(sql.Identifier(schema, short), params)
     statement = (
         sql.SQL("select * from {}").format(call) if f["set"] else sql.SQL("select {}").format(call)
     )
@@ -223,7 +223,6 @@ def inlined(admin: psycopg.Connection, name: str, f: dict[str, Any]) -> bool:
             plan = "\n".join(row[0] for row in admin.execute(execute).fetchall())
         finally:
             admin.execute("deallocate inlined_probe")
-    short = name.split(".", 1)[1]
     return re.search(rf"\b{re.escape(short)}\(", plan) is None and (
         f"Function Scan on {short}" not in plan
     )
@@ -249,12 +248,13 @@ def test_the_inlining_probe_tells_a_function_that_is_not_inlined(
     admin: psycopg.Connection,
 ) -> None:
     name = f"memchat.probe_{uuid.uuid4().hex[:8]}"
+    function = sql.Identifier(*name.split("."))
     with admin.transaction():
         admin.execute(
             sql.SQL(
                 "create function {}(p integer) returns integer language sql stable"
                 " set search_path = '' as $$ select p + 1 $$"
-            ).format(sql.Identifier(*name.split(".")))
+            ).format(function)
         )
         found = functions(admin)
         assert not inlined(admin, name, found[name])
@@ -262,8 +262,8 @@ def test_the_inlining_probe_tells_a_function_that_is_not_inlined(
             sql.SQL(
                 "create or replace function {}(p integer) returns integer language sql stable"
                 " as $$ select p + 1 $$"
-            ).format(sql.Identifier(*name.split(".")))
+            ).format(function)
         )
         found = functions(admin)
         assert inlined(admin, name, found[name])
-        admin.execute(sql.SQL("drop function {}(integer)").format(sql.Identifier(*name.split("."))))
+        admin.execute(sql.SQL("drop function {}(integer)").format(function))
