@@ -14,10 +14,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memchat import store
+from memchat import messages, store
 from memchat.store.db import Database
 from tests.store.conftest import refused
-from tests.utils.store_data import acting_as, exchange, record, through_data_api, turn
+from tests.utils.store_data import (
+    acting_as,
+    exchange,
+    record,
+    through_data_api,
+    tool_exchange,
+    turn,
+)
 from tests.utils.users import UserFactory
 
 DIMS = 512
@@ -47,15 +54,17 @@ async def say(
     session_id: uuid.UUID | None = None,
     agent_name: str = "default",
     model: str = MODEL,
+    messages: list[dict[str, Any]] | None = None,
 ) -> store.SessionInfo:
-    """One stored turn whose user message has `vector` (of `model`) as its embedding."""
+    """One stored turn whose user message has `vector` (of `model`) as its
+    embedding: `text` and its answer, or `messages` opening with `text`."""
     return await store.record_turn(
         db,
         caller,
         store.Turn(
             session_id=session_id or uuid.uuid4(),
             agent_name=agent_name,
-            messages=exchange(text, f"answer to {text}"),
+            messages=messages or exchange(text, f"answer to {text}"),
             title=text,
             ttl=turn(uuid.uuid4(), []).ttl,
             embedding=store.Embedding(model, vector),
@@ -92,6 +101,40 @@ async def test_hits_are_the_callers_best_first_with_their_answers(
     assert [round(h.score, 3) for h in hits] == [0.8, 0.5]
     assert hits[0].answer == "answer to near" and hits[0].session_id == near.id
     assert hits[0].title == "near"
+
+
+async def test_each_answer_is_the_first_after_its_message_that_calls_no_tool(
+    db: Database, users: UserFactory
+) -> None:
+    # The hit's and its neighbours' answers: the assistant message asking for
+    # a tool and the tool's result are passed over (memchat.answer_after).
+    alice = users.create()
+    session = uuid.uuid4()
+    for text, vector in (("opening", angled(0.1, axis=3)), ("near", angled(0.8, axis=1))):
+        await say(
+            db,
+            alice,
+            text,
+            vector,
+            session_id=session,
+            messages=tool_exchange(text, f"answer to {text}"),
+        )
+    await say(db, alice, "closing", angled(0.1, axis=4), session_id=session)
+    await say(db, alice, "unanswered", angled(0.1, axis=5), messages=[messages.human("unanswered")])
+
+    (hit,) = await recall(db, alice, unit(1), k=1)
+
+    assert (hit.question, hit.answer) == ("near", "answer to near")
+    assert hit.before is not None and hit.after is not None
+    assert (hit.before.question, hit.before.answer) == ("opening", "answer to opening")
+    assert (hit.after.question, hit.after.answer) == ("closing", "answer to closing")
+    (alone,) = await recall(db, alice, angled(0.1, axis=5), k=1, min_score=0.9)
+    assert (alone.question, alone.answer, alone.before, alone.after) == (
+        "unanswered",
+        None,
+        None,
+        None,
+    )
 
 
 async def test_near_duplicates_collapse_at_point_nine_five(
