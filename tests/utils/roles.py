@@ -148,9 +148,10 @@ def _policies(conn: psycopg.Connection, role: str, relation: str) -> str:
     return ", ".join(f"{cmd} {name}" for cmd, name in rows)
 
 
-def documented(path: Path) -> str:
-    """The statement in docs/deploy.md, between the markers, without the fence."""
+def documented(path: Path, begin: str = BEGIN, end: str = END) -> str:
+    """The text block in docs/deploy.md between `begin` and `end` (the roles
+    statement by default), without the fence."""
     text = path.read_text(encoding="utf-8")
-    found = re.search(re.escape(BEGIN) + r"\n```text\n(.*?)```\n" + re.escape(END), text, re.S)
-    assert found, f"{path} has no roles statement between {BEGIN} and {END}"
+    found = re.search(re.escape(begin) + r"\n```text\n(.*?)```\n" + re.escape(end), text, re.S)
+    assert found, f"{path} has no text block between {begin} and {end}"
     return found.group(1).rstrip("\n")
