@@ -54,17 +54,17 @@ async def say(
     session_id: uuid.UUID | None = None,
     agent_name: str = "default",
     model: str = MODEL,
-    messages: list[dict[str, Any]] | None = None,
+    msgs: list[dict[str, Any]] | None = None,
 ) -> store.SessionInfo:
     """One stored turn whose user message has `vector` (of `model`) as its
-    embedding: `text` and its answer, or `messages` opening with `text`."""
+    embedding: `text` and its answer, or `msgs` opening with `text`."""
     return await store.record_turn(
         db,
         caller,
         store.Turn(
             session_id=session_id or uuid.uuid4(),
             agent_name=agent_name,
-            messages=messages or exchange(text, f"answer to {text}"),
+            messages=msgs or exchange(text, f"answer to {text}"),
             title=text,
             ttl=turn(uuid.uuid4(), []).ttl,
             embedding=store.Embedding(model, vector),
@@ -117,10 +117,10 @@ async def test_each_answer_is_the_first_after_its_message_that_calls_no_tool(
             text,
             vector,
             session_id=session,
-            messages=tool_exchange(text, f"answer to {text}"),
+            msgs=tool_exchange(text, f"answer to {text}"),
         )
     await say(db, alice, "closing", angled(0.1, axis=4), session_id=session)
-    await say(db, alice, "unanswered", angled(0.1, axis=5), messages=[messages.human("unanswered")])
+    await say(db, alice, "unanswered", angled(0.1, axis=5), msgs=[messages.human("unanswered")])
 
     (hit,) = await recall(db, alice, unit(1), k=1)
 
