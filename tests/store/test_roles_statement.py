@@ -10,13 +10,9 @@ statement says so: update the block from this test's failure message.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import psycopg
 
-from tests.utils.roles import BEGIN, END, describe_roles, documented
-
-DEPLOY_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
+from tests.utils.roles import BEGIN, DEPLOY_GUIDE, END, describe_roles, documented
 
 
 def test_the_deploy_guide_states_each_roles_rights_exactly(admin: psycopg.Connection) -> None:

@@ -10,14 +10,14 @@ the catalog for the condition a lint reports, over memchat's schemas.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import psycopg
 
-from tests.utils.roles import documented
+from tests.utils.roles import DEPLOY_GUIDE, documented
+from tests.utils.roles import SCHEMAS as ROLE_SCHEMAS
 
-DEPLOY_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
-SCHEMAS = ["public", "memchat", "memchat_analytics"]
+# memchat's schemas; the lints skip `auth` (Supabase's; here its stand-in).
+SCHEMAS = [schema for schema in ROLE_SCHEMAS if schema != "auth"]
 SEARCH_PATH_BEGIN, SEARCH_PATH_END = "<!-- search-path:begin -->", "<!-- search-path:end -->"
 # The tables only their owner reads (through its SECURITY DEFINER functions).
 OWNER_ONLY = {"memchat.analytics_key", "memchat.common_words", "memchat.word_statistics"}

@@ -38,6 +38,8 @@ TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFEREN
 SEQUENCE_PRIVILEGES = ("USAGE", "SELECT", "UPDATE")
 COLUMN_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "REFERENCES")
 BEGIN, END = "<!-- roles:begin -->", "<!-- roles:end -->"
+# Where the roles statement (and the advisors' findings) are written.
+DEPLOY_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "deploy.md"
 
 
 def describe_roles(conn: psycopg.Connection) -> str:
