@@ -749,3 +749,63 @@ def test_a_long_historys_word_list_is_planned_for_its_words(own: Fresh) -> None:
         assert (kept_short, kept_long) == (True, False), words
         assert short == long, words  # the same list either way
     assert len(word_list("parrot", 1)[0]) == 10
+
+
+def test_a_small_partitions_graph_is_searched_with_a_shorter_candidate_list(own: Fresh) -> None:
+    # How closely an HNSW scan follows the exact order at a given ef_search
+    # falls as its graph grows; a recall walks its caller's partition's
+    # graph. Under 15,000 rows 48 candidates gave the exact scan's hits, 100
+    # are needed beyond (migration *_small_graph_ef_search.sql,
+    # docs/benchmarks.md). The partition's size is what its statistics say,
+    # and at least the caller's rounds; never analysed, it is unknown.
+    if not scalar(own.admin, "select memchat.recall_index_ready()"):
+        pytest.fail("pgvector without iterative scans: the index path cannot be tested here")
+    caller = UserFactory(own.admin).create()
+    rng = random.Random(15)
+    size = 2100  # enough rounds to take the index path in a partition of 15,000 rows
+    target = unit([rng.gauss(0, 1) for _ in range(DIMS)])
+    vectors = [unit([rng.gauss(0, 1) for _ in range(DIMS)]) for _ in range(size)]
+    vectors[size // 2] = near(rng, target, 0.9)
+    ids = fill(own.admin, caller, vectors, [f"filler {i}" for i in range(size)])
+    partition = scalar(
+        own.admin,
+        "select memchat.key_partition_of('message_embeddings', %s)::text",
+        (caller.user_id,),
+    )
+    default = int(scalar(own.admin, "select current_setting('hnsw.ef_search')"))
+    assert default not in (48, 100)  # so each value below was set by recall
+
+    def searched_with(rows: float | None = None, rounds: int = size) -> int:
+        """The candidate list recall's HNSW scans used (the setting it made
+        for its transaction) with the partition's statistics saying `rows`
+        (None: its own analysis) and the caller's sessions counting
+        `rounds`; the planted neighbour is found first each time."""
+        if rows is None:
+            own.admin.execute(f"analyze {partition}")
+        else:
+            own.admin.execute(
+                "update pg_catalog.pg_class set reltuples = %s where oid = %s::regclass",
+                (rows, partition),
+            )
+        own.admin.execute(
+            "update public.chat_sessions set message_count = case when id = ("
+            "   select min(id::text)::uuid from public.chat_sessions where user_id = %(u)s)"
+            " then 2 * %(extra)s + 50 else 50 end where user_id = %(u)s",
+            {"u": caller.user_id, "extra": rounds - size},
+        )
+        with acting_as(own.admin, caller.claims) as conn:
+            hits = scalar(
+                conn,
+                "select memchat.recall(null, 'default', 10, %s::extensions.vector, %s, null,"
+                " 3, 0.0, 0.95, null, null)",
+                (vector_literal(target), MODEL),
+            )
+            ef = int(scalar(conn, "select current_setting('hnsw.ef_search')"))
+        assert hits[0]["message_id"] == ids[size // 2]
+        return ef
+
+    assert searched_with() == 48  # analysed: about 2,100 rows
+    assert searched_with(rows=15_000) == 100
+    assert searched_with(rows=14_999) == 48
+    assert searched_with(rows=-1) == 100  # never analysed
+    assert searched_with(rows=0, rounds=15_000) == 100  # statistics older than the rows
