@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from memchat import store
 from memchat.store.db import Database
@@ -781,16 +782,20 @@ def test_a_small_partitions_graph_is_searched_with_a_shorter_candidate_list(own:
         (None: its own analysis) and the caller's sessions counting
         `rounds`; the planted neighbour is found first each time."""
         if rows is None:
-            own.admin.execute(f"analyze {partition}")
+            own.admin.execute(sql.SQL("analyze {}").format(sql.Identifier(*partition.split("."))))
         else:
             own.admin.execute(
                 "update pg_catalog.pg_class set reltuples = %s where oid = %s::regclass",
                 (rows, partition),
             )
+        # The history's length comes from the sessions' counters.
         own.admin.execute(
-            "update public.chat_sessions set message_count = case when id = ("
-            "   select min(id::text)::uuid from public.chat_sessions where user_id = %(u)s)"
-            " then 2 * %(extra)s + 50 else 50 end where user_id = %(u)s",
+            "update public.chat_sessions s set message_count = ("
+            "   select count(*) from public.chat_message_history h"
+            "    where h.session_id = s.id and h.user_id = s.user_id)"
+            " + case when s.id = (select min(x.id::text)::uuid from public.chat_sessions x"
+            "                      where x.user_id = %(u)s) then 2 * %(extra)s else 0 end"
+            " where s.user_id = %(u)s",
             {"u": caller.user_id, "extra": rounds - size},
         )
         with acting_as(own.admin, caller.claims) as conn:
