@@ -35,6 +35,14 @@ ROUTE_GROUPS: tuple[RouteGroup, ...] = get_args(RouteGroup)
 # (calls the model), the TTL cleanup (DATABASE_URL alone).
 Job = Literal["summaries", "cleanup"]
 
+# How fact keys are made (MEMORY_RECALL_FACTS), and the yes/no spellings
+# taken for `rule` and `off` (pydantic's for a bool: the setting was one).
+FactsMode = Literal["rule", "model", "off"]
+_FACTS_MODE_WORDS = {
+    **dict.fromkeys(("1", "on", "t", "true", "y", "yes"), "rule"),
+    **dict.fromkeys(("0", "f", "false", "n", "no"), "off"),
+}
+
 # Whole values that are never a real secret (compared lowercased, unquoted).
 _PLACEHOLDER_VALUES = frozenset(
     {
@@ -183,10 +191,13 @@ class Settings(BaseModel):
     # A time expression in the message ("last week") adds that period's
     # nearest to recall's candidates (memchat.timeref).
     memory_recall_time: bool = True
-    # The backfill gives a message that says several things a recall key per
-    # sentence about the user (messages.fact_sentences): more embeddings
-    # (about 1.5 per user message), better recall. 0: none are made.
-    memory_recall_facts: bool = True
+    # Fact keys, made by the embedding backfill: `rule` (also 1) gives a
+    # message that says several things a recall key per sentence about the
+    # user (messages.fact_sentences: about 1.5 more embeddings per user
+    # message); `model` asks the chat model for the facts each message states
+    # (one chat request per session's new messages, up to 16); `off` (also 0):
+    # none are made.
+    memory_recall_facts: FactsMode = "rule"
     # Offer the model the search_memory tool (model/search_tool.py) on every
     # turn (POST /chat and POST /v1/chat/completions); a request's own
     # `search_memory` (/v1: `memchat.search_memory`) decides for itself.
@@ -305,6 +316,16 @@ class Settings(BaseModel):
     @classmethod
     def _parse_route_groups(cls, value: object) -> object:
         return parse_route_groups(value)
+
+    @field_validator("memory_recall_facts", mode="before")
+    @classmethod
+    def _facts_mode(cls, value: object) -> object:
+        if isinstance(value, bool):
+            return "rule" if value else "off"
+        if isinstance(value, str):
+            lowered = value.strip().lower()
+            return _FACTS_MODE_WORDS.get(lowered, lowered)
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod

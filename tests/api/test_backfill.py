@@ -5,6 +5,7 @@ against the fake server's /v1/embeddings), then a chat turn that recalls them.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -383,3 +384,159 @@ async def test_the_worker_builder_shares_one_connection_and_client(worker_url: s
         assert summarizer.db is embedder.db and summarizer.model is embedder.model
     finally:
         await summarizer.close()
+
+
+# ------------------------------------------- fact keys written by the model
+
+SNEAKERS = "The user keeps old sneakers in a shoe rack in the closet."
+BIKE = "The user rides a red Trek bike to work."
+
+
+def keys_by_message(admin: psycopg.Connection, user_id: uuid.UUID) -> dict[str, list[int]]:
+    """Each of the user's messages with fact keys: its text, the keys' ordinals."""
+    rows = admin.execute(
+        "select h.message->'data'->>'content', array_agg(f.ordinal order by f.ordinal)"
+        " from memchat.message_facts f join public.chat_message_history h on h.id = f.message_id"
+        " where f.user_id = %s group by h.id, h.message",
+        (user_id,),
+    ).fetchall()
+    return {text: ordinals for text, ordinals in rows}
+
+
+def facts_requests(model: FakeOpenAI) -> list[dict[str, Any]]:
+    return [r for r in model.requests if r["messages"][0]["content"] == messages.FACTS_INSTRUCTIONS]
+
+
+async def test_the_model_writes_fact_keys_and_recall_finds_a_message_by_them(
+    api: ApiClient,
+    db: Database,
+    users: UserFactory,
+    model: FakeOpenAI,
+    admin: psycopg.Connection,
+    embedders: Callable[..., Embedder],
+) -> None:
+    user_id, auth = api.new_user()
+    caller = store.Caller(user_id=user_id, claims=claims_for(user_id))
+    # One sentence each: the rule would give these no key at all.
+    first = await imported(db, caller, "any tips for shoe storage", "which bike should I buy")
+    await imported(db, caller, "what about a cobbler nearby")
+    # Both sessions' messages share one embeddings request, but not a facts
+    # request: one per session, each numbering its messages from 1. Which
+    # session asks first is not fixed, so both get the same answer; the
+    # second message's fact names no message of the one-message session.
+    written = json.dumps(
+        {"facts": [{"message": 1, "fact": SNEAKERS}, {"message": 2, "fact": BIKE}]}
+    )
+    model.script({"content": written}, {"content": written})
+
+    run = await embedders(memory_recall_facts="model").run()
+
+    assert (run.embedded, run.failed, run.facts_unreadable) == (3, 0, 0)
+    assert (run.fact_requests, run.fact_tokens_in, run.fact_tokens_out) == (2, 22, 14)
+    asked = facts_requests(model)
+    assert sorted(r["messages"][1]["content"] for r in asked) == [
+        "[1] any tips for shoe storage\n[2] which bike should I buy",
+        "[1] what about a cobbler nearby",
+    ]
+    assert sorted(r["max_tokens"] for r in asked) == [
+        messages.facts_max_tokens(1),
+        messages.facts_max_tokens(2),
+    ]
+    assert keys_by_message(admin, user_id) == {
+        "any tips for shoe storage": [0],
+        "which bike should I buy": [0],
+        "what about a cobbler nearby": [0],
+    }
+    assert queue(admin) == []
+
+    # Neither the message nor its answer holds these words: the key does.
+    response = await api.get("/memory/search", params={"q": SNEAKERS}, headers=auth)
+    hits = response.json()["hits"]
+    assert hits[0]["question"] in ("any tips for shoe storage", "what about a cobbler nearby")
+    assert hits[0]["score"] > 0.99  # the key's own text
+    bike = await api.get("/memory/search", params={"q": BIKE, "k": 1}, headers=auth)
+    (hit,) = bike.json()["hits"]
+    assert (hit["session_id"], hit["question"]) == (str(first), "which bike should I buy")
+
+
+async def test_an_unreadable_facts_answer_gets_the_rules_keys(
+    db: Database,
+    users: UserFactory,
+    model: FakeOpenAI,
+    admin: psycopg.Connection,
+    embedders: Callable[..., Embedder],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    alice = users.create()
+    said = "I'm moving to Porto-5e1c soon. By the way, my cat Mia-77b2 turned three."
+    await imported(db, alice, said)
+    model.script({"content": "Sorry, I can't help with that."})
+
+    with caplog.at_level(logging.WARNING, logger="memchat.usecases.backfill"):
+        run = await embedders(memory_recall_facts="model").run()
+
+    assert (run.embedded, run.failed, run.fact_requests, run.facts_unreadable) == (1, 0, 1, 1)
+    assert keys_by_message(admin, alice.user_id) == {said: [0, 1]}  # the rule's two sentences
+    (warning,) = [r for r in caplog.records if r.name == "memchat.usecases.backfill"]
+    assert warning.getMessage() == "facts answer unreadable: the rule's keys instead"
+    assert_not_logged(caplog, "Porto-5e1c", "Mia-77b2")
+
+
+async def test_a_failed_facts_request_fails_its_sessions_with_nothing_stored(
+    db: Database,
+    users: UserFactory,
+    model: FakeOpenAI,
+    admin: psycopg.Connection,
+    embedders: Callable[..., Embedder],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    alice = users.create()
+    session = await imported(db, alice, "teal-7f3a is my colour", "lisbon-9c2e in May")
+    model.script({"status": 500, "error": "down"})
+    embedder = embedders(memory_recall_facts="model")
+
+    with caplog.at_level(logging.WARNING, logger="memchat.usecases.backfill"):
+        run = await embedder.run()
+
+    # The facts come first: no embedding was asked for or stored.
+    assert (run.embedded, run.failed, run.fact_requests) == (0, 1, 0)
+    assert model.embedding_requests == [] and stored(admin, alice.user_id) == []
+    [(queued, attempts, wait)] = queue(admin)
+    assert (queued, attempts) == (session, 1) and wait is not None and 50 < wait <= 60
+    messages_logged = [
+        r.getMessage() for r in caplog.records if r.name == "memchat.usecases.backfill"
+    ]
+    assert messages_logged == ["facts request failed", "embeddings failed; will retry"]
+    assert_not_logged(caplog, "teal-7f3a", "lisbon-9c2e")
+
+    # Due again, the model answering: the messages and their keys are stored.
+    admin.execute("update memchat.embedding_queue set next_attempt_at = now()")
+    model.script({"content": json.dumps({"facts": [{"message": 2, "fact": BIKE}]})})
+    run = await embedder.run()
+    assert (run.embedded, run.failed) == (2, 0)
+    assert keys_by_message(admin, alice.user_id) == {"lisbon-9c2e in May": [0]}
+    assert queue(admin) == []
+
+
+async def test_a_long_sessions_messages_take_several_facts_requests(
+    db: Database,
+    users: UserFactory,
+    model: FakeOpenAI,
+    admin: psycopg.Connection,
+    embedders: Callable[..., Embedder],
+) -> None:
+    alice = users.create()
+    count = messages.FACTS_MESSAGES_PER_CALL + 2
+    await imported(db, alice, *(f"question number {i}" for i in range(count)))
+    two = [{"message": 2, "fact": BIKE}, {"message": 2, "fact": SNEAKERS}]
+    written = json.dumps({"facts": two})
+    model.script({"content": written}, {"content": written})
+
+    run = await embedders(memory_recall_facts="model").run()
+
+    assert (run.embedded, run.fact_requests) == (count, 2)
+    sizes = sorted(len(r["messages"][1]["content"].splitlines()) for r in facts_requests(model))
+    assert sizes == [2, messages.FACTS_MESSAGES_PER_CALL]
+    # The second message of each request: numbered within its request.
+    second = f"question number {messages.FACTS_MESSAGES_PER_CALL + 1}"
+    assert keys_by_message(admin, alice.user_id) == {"question number 1": [0, 1], second: [0, 1]}

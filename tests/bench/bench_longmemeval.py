@@ -33,6 +33,16 @@ embeddings aside: they come after, from the backfill) is printed too.
     python tests/bench/bench_longmemeval.py --set memory_recall_words=false   # A/B
     python tests/bench/bench_longmemeval.py --data other_split.json.gz --cache /tmp/x.sqlite
 
+Fact keys written by a chat model (MEMORY_RECALL_FACTS=model): the
+backfill asks the offline responder, which answers with the rule's
+sentences (the path, not the quality), unless a real model is named:
+
+    OPENAI_BASE_URL=https://... python tests/bench/bench_longmemeval.py \
+        --set memory_recall_facts=model --set offline_model=0 \
+        --set openai_api_key=$KEY --set openai_model=gpt-4o-mini
+
+The run then prints the facts requests made and the tokens they took.
+
 The last line is the run's summary, e.g.
 `questions=95 session_recall_any@5=0.979 ... p95_ms=6.1`.
 """
@@ -241,6 +251,8 @@ async def run(args: argparse.Namespace) -> None:
         scored: list[Scored] = []
         import_rates: list[float] = []
         embed_seconds = 0.0
+        facts = {"fact_requests": 0, "fact_tokens_in": 0, "fact_tokens_out": 0}
+        facts["facts_unreadable"] = 0
         started = time.monotonic()
         for number, record in enumerate(records, 1):
             question = question_of(record)
@@ -248,7 +260,7 @@ async def run(args: argparse.Namespace) -> None:
             exchange_at, stored, seconds = await import_haystack(memchat, auth, record)
             import_rates.append(stored / seconds)
             t0 = time.perf_counter()
-            await until_recall_ready(memchat, auth)
+            await until_recall_ready(memchat, auth, facts)
             embed_seconds += time.perf_counter() - t0
             found, ms = await search(memchat, auth, record)
             hits = [exchange_at[(hit["session_id"], _iso(hit["created_at"]))] for hit in found]
@@ -267,7 +279,8 @@ async def run(args: argparse.Namespace) -> None:
             f" dimensions), k={K}, MEMORY_RECALL_MIN_SCORE={settings.memory_recall_min_score},"
             f" MEMORY_RECALL_DUPLICATE_SCORE={settings.memory_recall_duplicate_score},"
             f" MEMORY_RECALL_WORDS={settings.memory_recall_words},"
-            f" MEMORY_RECALL_TIME={settings.memory_recall_time}; data {args.data.name};"
+            f" MEMORY_RECALL_TIME={settings.memory_recall_time},"
+            f" MEMORY_RECALL_FACTS={settings.memory_recall_facts}; data {args.data.name};"
             f" embeddings cache {memchat.cache.hits} hits, {memchat.cache.misses} misses"
         )
         print(
@@ -275,6 +288,13 @@ async def run(args: argparse.Namespace) -> None:
             f" (POST /sessions/import, embeddings aside; {len(import_rates)} requests);"
             f" backfill and waiting for it: {embed_seconds:.1f} s in all"
         )
+        if settings.memory_recall_facts == "model":
+            print(
+                "facts written by"
+                f" {'the offline responder' if settings.offline_model else settings.openai_model}:"
+                f" {facts['fact_requests']} requests, {facts['fact_tokens_in']:,} tokens in,"
+                f" {facts['fact_tokens_out']:,} out, {facts['facts_unreadable']} unreadable"
+            )
         headers, rows = table(scored)
         print(common.format_table(headers, rows))
         print(summary_line(scored))
@@ -292,13 +312,20 @@ def _server_timing(header: str) -> float:
     raise ValueError(f"no recall timing in {header!r}")
 
 
-async def until_recall_ready(product: Product, auth: Mapping[str, str]) -> None:
-    """The backfill run until GET /sessions/import/status says recall is ready."""
+async def until_recall_ready(
+    product: Product, auth: Mapping[str, str], facts: dict[str, int] | None = None
+) -> None:
+    """The backfill run until GET /sessions/import/status says recall is
+    ready; its runs' facts requests (`fact_*`, `facts_unreadable`) added to
+    `facts` when given."""
     for _ in range(1000):
         status = await product.api.get("/sessions/import/status", headers=auth)
         if status.json()["recall_ready"]:
             return
-        await product.embedder.run()
+        done = (await product.embedder.run()).as_dict()
+        if facts is not None:
+            for key in facts:
+                facts[key] += done[key]
     raise SystemExit("the backfill did not finish: is the embeddings server answering?")
 
 

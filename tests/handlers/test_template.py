@@ -35,7 +35,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import httpx
 import pytest
@@ -46,7 +46,13 @@ from pydantic import TypeAdapter
 from memchat import bootstrap, secrets
 from memchat.api import streamed as stream
 from memchat.api.main import flat_routes
-from memchat.config import ROUTE_GROUPS, Settings, parse_route_groups, secret_settings
+from memchat.config import (
+    ROUTE_GROUPS,
+    FactsMode,
+    Settings,
+    parse_route_groups,
+    secret_settings,
+)
 from memchat.handlers import stream as server
 from tests.handlers.conftest import FakeContext, LambdaRuntime, body_of, route_event, token_for
 from tests.utils.users import UserFactory
@@ -724,6 +730,16 @@ def test_the_chat_settings_are_stack_parameters_with_the_apps_defaults(function:
     for function in HTTP_FUNCTIONS:
         variables = FUNCTIONS[function]["Environment"]["Variables"]
         assert variables["ALLOW_ANONYMOUS_USERS"] == {"Ref": "AllowAnonymousUsers"}, function
+
+
+def test_the_fact_keys_mode_is_a_stack_parameter_for_the_backfill() -> None:
+    """The summary function runs the embedding backfill, which makes the fact
+    keys (MEMORY_RECALL_FACTS): every mode the app takes, its default."""
+    variables = FUNCTIONS["SummaryFunction"]["Environment"]["Variables"]
+    parameter = TEMPLATE_DATA["Parameters"]["MemoryRecallFacts"]
+    assert variables["MEMORY_RECALL_FACTS"] == {"Ref": "MemoryRecallFacts"}
+    assert parameter["Default"] == Settings.model_fields["memory_recall_facts"].default
+    assert set(parameter["AllowedValues"]) == set(get_args(FactsMode))
 
 
 @pytest.mark.parametrize("conditions", SCENARIOS, ids=SCENARIO_IDS)

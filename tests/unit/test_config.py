@@ -423,3 +423,31 @@ def test_out_of_range_embedding_values_name_the_variable(
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match=f"invalid configuration: .*{name}"):
         load_settings()
+
+
+@pytest.mark.parametrize(
+    ("value", "mode"),
+    [
+        ("1", "rule"),
+        ("true", "rule"),
+        ("rule", "rule"),
+        (" Model ", "model"),
+        ("0", "off"),
+        ("no", "off"),
+        ("off", "off"),
+    ],
+)
+def test_fact_keys_take_a_mode_or_the_old_yes_and_no(
+    minimal: None, monkeypatch: pytest.MonkeyPatch, value: str, mode: str
+) -> None:
+    assert load_settings().memory_recall_facts == "rule"
+    monkeypatch.setenv("MEMORY_RECALL_FACTS", value)
+    assert load_settings().memory_recall_facts == mode
+
+
+def test_an_unknown_fact_keys_mode_is_named(minimal: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMORY_RECALL_FACTS", "llm")
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    assert "MEMORY_RECALL_FACTS" in str(refused.value)
+    assert "'rule', 'model' or 'off'" in str(refused.value)

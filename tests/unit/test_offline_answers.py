@@ -172,3 +172,21 @@ def test_the_same_prompt_gets_the_same_answer() -> None:
     prompt = [SYSTEM, user("my name is Ana"), assistant("hi"), user("what is my name?")]
     answers = {json.dumps(reply(prompt)) for _ in range(3)}
     assert len(answers) == 1
+
+
+def test_a_facts_request_is_answered_with_the_rules_sentences() -> None:
+    """`memchat dev` without a key with MEMORY_RECALL_FACTS=model: the
+    backfill's facts request gets each message's fact sentences, read back
+    as the backfill reads a model's answer."""
+    from memchat.messages import fact_sentences, facts_prompt, read_facts
+
+    said = [
+        "Can you find me flights? By the way, my sister Ana got married last week!",
+        "Thanks.",
+        "I'm planning a trip to Miami. I want cheap flights from Boston.",
+    ]
+    content = reply(facts_prompt(said))
+    assert read_facts(content, len(said)) == [
+        (index, sentence) for index, text in enumerate(said) for sentence in fact_sentences(text)
+    ]
+    assert len(json.loads(content)["facts"]) == 4  # "me" in "find me flights" too

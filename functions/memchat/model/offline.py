@@ -10,7 +10,9 @@ question answered from what the prompt carries (`answer_from_context`:
 "my name is Ana", then "what is my name?"), the last message, the history,
 and what the memory block carries (the notes, the first recalled exchange,
 the summary: memchat.usecases.prompt); with
-`"stream": true`, streamed as OpenAI does, word by word) and
+`"stream": true`, streamed as OpenAI does, word by word; the summary
+worker's and the backfill's requests answered in kind: a summary of what
+the user said, the rule's fact sentences as written facts) and
 `POST /embeddings` (the local feature-hashing embedder of
 `memchat.model.embeddings`: it matches shared words, not meaning).
 """
@@ -30,7 +32,12 @@ from typing import Any
 
 import httpx2 as httpx  # the HTTP library of the openai SDK (>= 3)
 
-from memchat.messages import SUMMARY_INSTRUCTIONS
+from memchat.messages import (
+    FACTS_INSTRUCTIONS,
+    SUMMARY_INSTRUCTIONS,
+    fact_sentences,
+    numbered_messages,
+)
 from memchat.model.embeddings import local_embedding
 from memchat.usecases.prompt import Remembered, read_memory
 
@@ -47,6 +54,8 @@ _ARGUMENT_PIECE = 16
 def _reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
     if _system_message(messages, SUMMARY_INSTRUCTIONS.split("{", 1)[0]):
         return {"role": "assistant", "content": _summary(messages)}
+    if _system_message(messages, FACTS_INSTRUCTIONS):
+        return {"role": "assistant", "content": _facts_written(messages)}
     last = messages[-1] if messages else {}
     if last.get("role") == "tool":
         return {"role": "assistant", "content": f"{LABEL} Noted, I will remember that."}
@@ -238,6 +247,18 @@ def _summary(messages: list[dict[str, Any]]) -> str:
         points.append("The user said: " + "; ".join(f'"{s}"' for s in said) + ".")
     summary = " ".join(points) or "Nothing to summarize yet."
     return "[offline summary] " + summary[-_SUMMARY_LIMIT:]
+
+
+def _facts_written(messages: list[dict[str, Any]]) -> str:
+    """A stand-in for model-written fact keys: the rule's sentences of each
+    numbered message (messages.fact_sentences), in the JSON asked for."""
+    text = str(messages[-1].get("content", "")) if messages else ""
+    facts = [
+        {"message": number, "fact": sentence}
+        for number, said in enumerate(numbered_messages(text), 1)
+        for sentence in fact_sentences(said)
+    ]
+    return json.dumps({"facts": facts})
 
 
 def _system_message(messages: list[dict[str, Any]], preamble: str) -> str:

@@ -18,18 +18,22 @@ text `messages.embedding_text` gives) are stored as it returns. A session
 leaves the queue once nothing in it lacks an embedding; one cut short (its
 lease running out) stays queued, ready for the next round.
 
-Fact keys: a message that says several things also gets an embedding of
-each sentence in which the user speaks of themselves
-(messages.fact_sentences), in the same request as the documents; a turn
-stores its message's own embedding and leaves the fact keys to this worker
-(its session is queued by the embedding's insert, migration
+Fact keys (MEMORY_RECALL_FACTS): a message that says several things also
+gets an embedding of each sentence in which the user speaks of themselves
+(`rule`: messages.fact_sentences), or of each fact the chat model finds it
+states (`model`: one chat request per session's messages in an embeddings
+request, up to messages.FACTS_MESSAGES_PER_CALL of them, at most
+FACTS_CONCURRENCY in flight; an answer that cannot be read gets the rule's
+sentences instead, logged), embedded in the same request as the documents.
+A turn stores its message's own embedding and leaves the fact keys to this
+worker (its session is queued by the embedding's insert, migration
 *_hybrid_recall.sql), so a turn never waits for them.
 
-A failed request (the provider down, a bad answer) fails the sessions it
-held: they keep what was stored and are retried later, backing off as the
-summary worker does (1, 2, 4, ... minutes, at most 6 hours); after
-MAX_ATTEMPTS failures in a row a session is given up (logged) until it is
-queued again.
+A failed request (the provider down, a bad answer; with `model`, a facts
+request the chat model failed) fails the sessions it held: they keep what
+was stored and are retried later, backing off as the summary worker does
+(1, 2, 4, ... minutes, at most 6 hours); after MAX_ATTEMPTS failures in a
+row a session is given up (logged) until it is queued again.
 
 Who sees what: the worker logs in as `memchat_worker`, which may call the
 memchat.embedding_* functions and nothing else; every read and write names
@@ -47,10 +51,11 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from memchat import messages, store
+from memchat.errors import UpstreamError, UpstreamTimeout
 from memchat.messages import fact_sentences
 from memchat.usecases.cleanup import TimeBudget
 from memchat.usecases.summarize import (
@@ -74,6 +79,11 @@ CONCURRENCY = 4
 CLAIM_SESSIONS = 32
 # Failures in a row after which a session waits to be queued again.
 MAX_ATTEMPTS = 8
+# Facts requests to the chat model in flight at once (MEMORY_RECALL_FACTS=model).
+FACTS_CONCURRENCY = 4
+
+# A fact key before it is embedded: (its message, its ordinal, its text).
+FactText = tuple[store.Unembedded, int, str]
 
 
 @dataclass
@@ -83,6 +93,12 @@ class EmbeddingRun:
     failed: int = 0  # sessions whose pass failed (retried later)
     gave_up: int = 0
     rounds: int = 0
+    # MEMORY_RECALL_FACTS=model: the chat requests for facts, the tokens they
+    # read and wrote (the cost), and those whose answer could not be read.
+    fact_requests: int = 0
+    fact_tokens_in: int = 0
+    fact_tokens_out: int = 0
+    facts_unreadable: int = 0
     # Young recall-key partitions analysed at the end of the run (statistics
     # for recall's plans; migration *_young_partition_sweep.sql).
     analysed: int = 0
@@ -105,6 +121,10 @@ class Embedder:
     clock: Callable[[], float] = time.monotonic
     # Told how many messages each stored request added (a progress bar).
     on_stored: Callable[[int], None] | None = None
+    # The facts requests' slots, made anew by each run (on its event loop).
+    _fact_slots: asyncio.Semaphore = field(
+        default_factory=asyncio.Semaphore, init=False, repr=False
+    )
 
     async def close(self) -> None:
         await self.db.close()
@@ -123,6 +143,7 @@ class Embedder:
         """
         started = self.clock()
         run = EmbeddingRun()
+        self._fact_slots = asyncio.Semaphore(FACTS_CONCURRENCY)
 
         budget = TimeBudget(max_seconds, remaining_ms, LAMBDA_RESERVE_SECONDS)
 
@@ -167,8 +188,14 @@ class Embedder:
         return reason
 
     def _call_seconds(self) -> float:
-        """The longest one embeddings request may take (OPENAI_TIMEOUT_SECONDS)."""
-        return self.settings.openai_timeout_seconds
+        """The longest one request may take: an embeddings request
+        (OPENAI_TIMEOUT_SECONDS), after the chat model's facts request with its
+        retries when the model writes the facts."""
+        settings = self.settings
+        seconds = settings.openai_timeout_seconds
+        if settings.memory_recall_facts == "model":
+            seconds += settings.openai_timeout_seconds * (settings.openai_max_retries + 1)
+        return seconds
 
     def _lease_seconds(self) -> float:
         return self._call_seconds() + LEASE_MARGIN_SECONDS
@@ -228,14 +255,12 @@ class Embedder:
 
         model = self.model
         try:
+            facts = await self._fact_texts(request, run)
+            if facts is None:
+                failed.update(m.lease for m in request)  # logged in _written_facts
+                return
             # One request: the documents still missing, then every fact key.
             documents = [m for m in request if not m.embedded]
-            facts = [
-                (m, i, text)
-                for m in request
-                if self.settings.memory_recall_facts
-                for i, text in enumerate(fact_sentences(m.text))
-            ]
             texts = [messages.embedding_text(m.text) for m in documents]
             texts += [text for _, _, text in facts]
             try:
@@ -256,6 +281,64 @@ class Embedder:
         finally:
             slots.release()
 
+    async def _fact_texts(
+        self, request: list[store.Unembedded], run: EmbeddingRun
+    ) -> list[FactText] | None:
+        """The fact keys of a request's messages, as MEMORY_RECALL_FACTS makes
+        them; None when the chat model failed one of its facts requests."""
+        mode = self.settings.memory_recall_facts
+        if mode == "off":
+            return []
+        if mode == "rule":
+            return _rule_facts(request)
+        sessions: dict[uuid.UUID, list[store.Unembedded]] = {}
+        for m in request:
+            sessions.setdefault(m.lease, []).append(m)
+        calls = [
+            [said[index] for index in indexes]
+            for said in sessions.values()
+            for indexes in messages.facts_calls([m.text for m in said])
+        ]
+        written = await asyncio.gather(*(self._written_facts(call, run) for call in calls))
+        if any(facts is None for facts in written):
+            return None
+        return [fact for facts in written if facts is not None for fact in facts]
+
+    async def _written_facts(
+        self, said: list[store.Unembedded], run: EmbeddingRun
+    ) -> list[FactText] | None:
+        """One facts request: the facts the chat model finds `said` (one
+        session's messages) to state, each a key of its message; the rule's
+        sentences when its answer cannot be read; None when the model failed."""
+        prompt = messages.facts_prompt([m.text for m in said])
+        async with self._fact_slots:
+            try:
+                completion = await self.model.complete(
+                    prompt, max_tokens=messages.facts_max_tokens(len(said))
+                )
+            except (UpstreamError, UpstreamTimeout) as exc:
+                logger.warning(
+                    "facts request failed",
+                    extra={"messages": len(said), "reason": type(exc).__name__},
+                )
+                return None
+        run.fact_requests += 1
+        run.fact_tokens_in += completion.usage.get("prompt_tokens", 0)
+        run.fact_tokens_out += completion.usage.get("completion_tokens", 0)
+        found = messages.read_facts(completion.content, len(said))
+        if found is None:
+            run.facts_unreadable += 1
+            logger.warning(
+                "facts answer unreadable: the rule's keys instead", extra={"messages": len(said)}
+            )
+            return _rule_facts(said)
+        ordinals: dict[int, int] = {}
+        keys: list[FactText] = []
+        for index, fact in found:
+            ordinal = ordinals[index] = ordinals.get(index, -1) + 1
+            keys.append((said[index], ordinal, fact))
+        return keys
+
     async def _failed(self, item: store.DueEmbeddings, run: EmbeddingRun) -> None:
         attempts = item.attempts + 1
         give_up = attempts >= MAX_ATTEMPTS
@@ -270,3 +353,8 @@ class Embedder:
             logger.warning(
                 "embeddings failed; will retry", extra={**fields, "retry_in_seconds": retry_in}
             )
+
+
+def _rule_facts(said: list[store.Unembedded]) -> list[FactText]:
+    """The rule's fact keys of `said` (messages.fact_sentences)."""
+    return [(m, i, text) for m in said for i, text in enumerate(fact_sentences(m.text))]
