@@ -377,6 +377,19 @@ async def test_a_lambda_run_starts_no_round_it_cannot_finish(
     assert (run.embedded, run.finished) == (1, True)
 
 
+async def test_a_lambda_run_keeps_time_for_the_facts_request_when_the_model_writes_them(
+    db: Database, users: UserFactory, model: FakeOpenAI, embedders: Callable[..., Embedder]
+) -> None:
+    # 5 s kept back, a 5 s embeddings call, and with `model` a 5 s chat call
+    # first (the tests' timeout, no retries): 12 s fits a round only without it.
+    alice = users.create()
+    await imported(db, alice, "first")
+    run = await embedders(memory_recall_facts="model").run(remaining_ms=lambda: 12_000)
+    assert (run.rounds, run.finished) == (0, False) and model.requests == []
+    run = await embedders(memory_recall_facts="rule").run(remaining_ms=lambda: 12_000)
+    assert (run.embedded, run.finished) == (1, True)
+
+
 async def test_the_worker_builder_shares_one_connection_and_client(worker_url: str) -> None:
     settings = make_settings(worker_url, "http://127.0.0.1:1/v1", job="summaries")
     summarizer, embedder = bootstrap.worker(settings)
