@@ -401,8 +401,8 @@ async def test_the_worker_builder_shares_one_connection_and_client(worker_url: s
 
 # ------------------------------------------- fact keys written by the model
 
-SNEAKERS = "The user keeps old sneakers in a shoe rack in the closet."
-BIKE = "The user rides a red Trek bike to work."
+SNEAKERS = "I keep my old sneakers in a shoe rack in the closet."
+BIKE = "I ride a red Trek bike to work."
 
 
 def keys_by_message(admin: psycopg.Connection, user_id: uuid.UUID) -> dict[str, list[int]]:
