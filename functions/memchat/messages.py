@@ -256,8 +256,8 @@ def read_facts(content: str, count: int) -> list[tuple[int, str]] | None:
         if not isinstance(item, dict):
             continue
         number, fact = item.get("message"), item.get("fact")
-        if isinstance(number, str) and number.strip().isdigit():
-            number = int(number)
+        if isinstance(number, str) and number.strip(" []#.").isdigit():
+            number = int(number.strip(" []#."))  # "1", "[1]", "#1", "1."
         if not isinstance(number, int) or isinstance(number, bool) or not 1 <= number <= count:
             continue
         if not isinstance(fact, str):

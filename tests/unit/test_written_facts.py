@@ -82,10 +82,11 @@ def test_no_facts_is_an_answer() -> None:
         "```json\n" + answer({"message": 1, "fact": "The user owns a red bike."}) + "\n```",
         'Here they are: [{"message": 1, "fact": "The user owns a red bike."}]',
         '{"message": "1", "fact": "The user owns a red bike."}',
+        '{"facts": [{"message": "[1]", "fact": "The user owns a red bike."}]}',
         # Cut short by its token budget: the whole items are kept.
         '{"facts": [{"message": 1, "fact": "The user owns a red bike."}, {"message": 2, "fa',
     ],
-    ids=["fenced", "a-bare-list-after-words", "one-item-alone", "cut-short"],
+    ids=["fenced", "a-bare-list-after-words", "one-item-alone", "bracketed-number", "cut-short"],
 )
 def test_an_answer_wrapped_or_cut_keeps_its_whole_items(content: str) -> None:
     assert read_facts(content, 2) == [(0, "The user owns a red bike.")]
