@@ -251,8 +251,8 @@ async def run(args: argparse.Namespace) -> None:
         scored: list[Scored] = []
         import_rates: list[float] = []
         embed_seconds = 0.0
-        facts = {"fact_requests": 0, "fact_tokens_in": 0, "fact_tokens_out": 0}
-        facts["facts_unreadable"] = 0
+        counted = ("fact_requests", "fact_tokens_in", "fact_tokens_out", "facts_unreadable")
+        facts = dict.fromkeys(counted, 0)
         started = time.monotonic()
         for number, record in enumerate(records, 1):
             question = question_of(record)

@@ -121,10 +121,8 @@ class Embedder:
     clock: Callable[[], float] = time.monotonic
     # Told how many messages each stored request added (a progress bar).
     on_stored: Callable[[int], None] | None = None
-    # The facts requests' slots, made anew by each run (on its event loop).
-    _fact_slots: asyncio.Semaphore = field(
-        default_factory=asyncio.Semaphore, init=False, repr=False
-    )
+    # The facts requests' slots, made by each run (on its event loop).
+    _fact_slots: asyncio.Semaphore = field(init=False, repr=False)
 
     async def close(self) -> None:
         await self.db.close()
