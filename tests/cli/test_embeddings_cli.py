@@ -220,6 +220,10 @@ def test_embeddings_serve_answers_the_openai_client_with_unit_vectors(
         client.embeddings.create(model="text-embedding-3-small", input=FACT)
     with pytest.raises(openai.BadRequestError, match="dimensions"):
         client.embeddings.create(model=MODEL, input=FACT, dimensions=512)
+    # An input longer than all the tokenizer is shown: 413, naming it.
+    with pytest.raises(openai.APIStatusError, match=r"input\[1\] is 262145 characters") as big:
+        client.embeddings.create(model=MODEL, input=[FACT, "x" * (minilm.MAX_CHARS + 1)])
+    assert big.value.status_code == 413
 
     proc.send_signal(signal.SIGINT)  # Ctrl-C
     assert proc.wait(timeout=30) == 0

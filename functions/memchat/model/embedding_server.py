@@ -17,11 +17,17 @@ What it refuses, in OpenAI's error shape (`{"error": {"message", "type",
 each embedding, so it must be the one that made it), `dimensions` other
 than 384 (400: the model has one size), token-id inputs, an empty or
 too-long input list, a body that is not such JSON (400), a body over
-MAX_BODY_BYTES (413).
+MAX_BODY_BYTES, an input over MAX_INPUT_CHARS characters (naming it:
+`input[3]`) and inputs over MAX_REQUEST_CHARS characters in all (413).
 
-A thread per connection (the standard library's ThreadingHTTPServer); the
-forward passes take turns, since each already uses every core through
-numpy's BLAS. It logs nothing of what it embeds.
+A thread per connection (the standard library's ThreadingHTTPServer). The
+work is done in steps that take turns, since each uses the cores (numpy's
+BLAS, the tokenizer's threads): the tokenizing of at most
+_TOKENIZE_CHARS characters, or one forward pass (minilm's batches). The
+next turn goes to the waiting request that has had the least time so far,
+so a new request goes ahead of one that has been running, and a one-line
+query waits for one step of a large request, not all of it. It logs
+nothing of what it embeds.
 
 Example:
     server = EmbeddingServer(minilm.load(), port=0)
@@ -34,14 +40,20 @@ Example:
 from __future__ import annotations
 
 import base64
+import contextlib
+import heapq
+import itertools
 import json
 import logging
 import socket
 import threading
+import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from memchat.model.minilm import DIMENSIONS, NAME
+from memchat.model.minilm import DIMENSIONS, MAX_CHARS, MAX_TOKENS, NAME
+from memchat.packing import packed
 
 if TYPE_CHECKING:
     from memchat.model.minilm import MiniLM
@@ -52,6 +64,19 @@ logger = logging.getLogger(__name__)
 MODEL_NAMES = frozenset({NAME, f"sentence-transformers/{NAME}"})
 MAX_INPUTS = 2048  # OpenAI's limit per request
 MAX_BODY_BYTES = 16 * 1024 * 1024
+# The longest input (characters): all the tokenizer is ever shown of a text
+# (minilm.MAX_CHARS: ten times the most that the model's 256 word pieces can
+# span, and the longest message memchat stores by default), so what is
+# accepted is embedded exactly as the whole text would be.
+MAX_INPUT_CHARS = MAX_CHARS
+# The most characters a request may hold, its inputs together: the most
+# memchat sends with its defaults (EMBEDDING_BATCH_SIZE 64 messages of
+# MAX_MESSAGE_CHARS 16,000, and their fact sentences, parts of them) fits.
+# The forward passes are bounded by MAX_INPUTS texts of 256 word pieces
+# whatever the characters; this bounds the tokenizing.
+MAX_REQUEST_CHARS = 2 * 1024 * 1024
+# Characters tokenized in one turn: no longer than a forward pass takes.
+_TOKENIZE_CHARS = 64 * 1024
 _MODEL_CARD = {"id": NAME, "object": "model", "created": 0, "owned_by": "sentence-transformers"}
 
 
@@ -76,7 +101,7 @@ class EmbeddingServer:
 
     def __init__(self, model: MiniLM, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.model = model
-        self._turn = threading.Lock()  # one forward pass at a time
+        self._turns = _Turns()
         self._thread: threading.Thread | None = None
         server_class = _IPv6Server if ":" in host else ThreadingHTTPServer
         self._http = server_class((host, port), _handler(self))
@@ -143,9 +168,12 @@ class EmbeddingServer:
         encoding = request.get("encoding_format") or "float"
         if encoding not in ("float", "base64"):
             raise _Refused(400, "encoding_format must be float or base64", param="encoding_format")
-        with self._turn:
-            ids = self.model.tokenize(texts)
-            vectors = self.model.embed_tokens(ids)
+        job = self._turns.job()
+        ids: list[list[int]] = []
+        for chunk in _chunks(texts):
+            with job.turn():
+                ids += self.model.tokenize(chunk)
+        vectors = self.model.embed_tokens(ids, turn=job.turn)
         tokens = sum(len(i) for i in ids)
         data = [
             {
@@ -166,6 +194,51 @@ class EmbeddingServer:
             "model": NAME,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
+
+
+class _Turns:
+    """One step at a time (a forward pass, or some tokenizing), the next to
+    the waiting job that has had the least time in its turns, the first to
+    ask of equals: least attained service. A new request (none yet) goes
+    before those already running, and two large ones share the steps."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._busy = False
+        self._waiting: list[tuple[float, int]] = []  # a heap of (time had, ticket)
+        self._tickets = itertools.count()
+
+    def job(self) -> _Job:
+        return _Job(self)
+
+    @contextlib.contextmanager
+    def take(self, job: _Job) -> Iterator[None]:
+        place = (job.seconds, next(self._tickets))
+        with self._changed:
+            heapq.heappush(self._waiting, place)
+            while self._busy or self._waiting[0] != place:
+                self._changed.wait()
+            heapq.heappop(self._waiting)
+            self._busy = True
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            job.seconds += time.perf_counter() - start
+            with self._changed:
+                self._busy = False
+                self._changed.notify_all()
+
+
+class _Job:
+    """One request's share of the turns."""
+
+    def __init__(self, turns: _Turns) -> None:
+        self._turns = turns
+        self.seconds = 0.0  # time had in its turns
+
+    def turn(self) -> contextlib.AbstractContextManager[None]:
+        return self._turns.take(self)
 
 
 class _IPv6Server(ThreadingHTTPServer):
@@ -202,7 +275,32 @@ def _inputs(value: Any) -> list[str]:
         )
     if not texts or len(texts) > MAX_INPUTS:
         raise _Refused(400, f"input must hold 1 to {MAX_INPUTS} strings", param="input")
+    for index, text in enumerate(texts):
+        if len(text) > MAX_INPUT_CHARS:
+            name = "input" if isinstance(value, str) else f"input[{index}]"
+            raise _Refused(
+                413,
+                f"{name} is {len(text)} characters; an input may have at most"
+                f" {MAX_INPUT_CHARS} ({NAME} reads its first {MAX_TOKENS} word pieces only)",
+                param="input",
+                code="input_too_long",
+            )
+    total = sum(len(text) for text in texts)
+    if total > MAX_REQUEST_CHARS:
+        raise _Refused(
+            413,
+            f"the inputs are {total} characters in all; a request may have at most"
+            f" {MAX_REQUEST_CHARS} (send them in several requests)",
+            param="input",
+            code="request_too_large",
+        )
     return texts
+
+
+def _chunks(texts: list[str]) -> Iterator[list[str]]:
+    """`texts` in runs of at most _TOKENIZE_CHARS characters as the tokenizer
+    is shown them (one text alone may be more)."""
+    return packed(texts, lambda text: min(len(text), MAX_CHARS), _TOKENIZE_CHARS)
 
 
 def _handler(server: EmbeddingServer) -> type[BaseHTTPRequestHandler]:

