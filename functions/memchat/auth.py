@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from memchat.config import Settings
 
 _REQUIRED_CLAIMS = ["exp", "sub", "aud", "role"]
-_LEEWAY_SECONDS = 10
+LEEWAY_SECONDS = 10
 
 _NOT_THIS_PROJECT = "The access token was not signed by this project; sign in again."
 _NOT_A_USER = "The access token's subject is not a user id; send a signed-in user's token."
@@ -219,7 +219,7 @@ class TokenVerifier:
                 algorithms=algorithms,
                 audience="authenticated",
                 issuer=self._issuer,
-                leeway=_LEEWAY_SECONDS,
+                leeway=LEEWAY_SECONDS,
                 options={"require": _REQUIRED_CLAIMS + (["iss"] if self._issuer else [])},
             )
         except jwt.PyJWTError as exc:

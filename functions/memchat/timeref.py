@@ -19,7 +19,7 @@ today"); after "after", the time from its end.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import date, datetime, time
 
 from memchat.store.records import Period
 
@@ -90,99 +90,123 @@ def period_in(text: str, now: datetime) -> Period | None:
     """The period the first time expression of `text` names, relative to
     `now` (its time zone's days), or None."""
     lowered = text.lower()
-    found: list[tuple[int, Period]] = []
+    found: list[tuple[int, _Days]] = []
     for pattern, reader in _READERS:
         match = pattern.search(lowered)
         if match:
-            period = reader(match, now)
-            if period is not None:
-                found.append((match.start(), period))
+            days = reader(match, now)
+            if days is not None:
+                found.append((match.start(), days))
     if not found:
         return None
-    start, period = min(found, key=lambda item: item[0])
+    start, (first, last) = min(found, key=lambda item: item[0])
     # "before today", "after last week": the time on the far side of it.
     leading = lowered[:start].rstrip()
-    if leading.endswith(_BEFORE) and period.start is not None:
-        return Period(None, period.start)
-    if leading.endswith(_AFTER) and period.end is not None:
-        return Period(period.end, None)
-    return period
+    if leading.endswith(_BEFORE) and first is not None:
+        return _period(None, first, now)
+    if leading.endswith(_AFTER) and last is not None:
+        return _period(last, None, now)
+    return _period(first, last, now)
 
 
 _BEFORE = (" before", " until", " prior to", " earlier than")
 _AFTER = (" after", " later than")
 
+# [first, last) as proleptic Gregorian day numbers (date.toordinal()'s, but
+# any integer: before day 1 or after date.max too); None: open on that side.
+_Days = tuple[int | None, int | None]
+_FIRST_DAY = date.min.toordinal()
+_LAST_DAY = date.max.toordinal()
+_DAYS_BEFORE_MONTH = (0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334)
 
-def _day(moment: datetime) -> datetime:
-    return moment.replace(hour=0, minute=0, second=0, microsecond=0)
+
+def _period(first: int | None, last: int | None, now: datetime) -> Period | None:
+    """The days [first, last) as local midnights of `now`'s zone, cut to the
+    calendar (a bound beyond it left open); None if none of it is in it."""
+    if (last is not None and last <= _FIRST_DAY) or (first is not None and first > _LAST_DAY):
+        return None
+    start = _midnight(first, now) if first is not None and first >= _FIRST_DAY else None
+    end = _midnight(last, now) if last is not None and last <= _LAST_DAY else None
+    if start is None and end is None:
+        return None  # the whole calendar: no period to favour
+    return Period(start, end)
 
 
-def _month_start(year: int, month: int, like: datetime) -> datetime:
-    return _day(like).replace(year=year, month=month, day=1)
+def _midnight(day: int, now: datetime) -> datetime:
+    return datetime.combine(date.fromordinal(day), time(), tzinfo=now.tzinfo)
 
 
-def _add_months(start: datetime, months: int) -> datetime:
-    index = start.year * 12 + start.month - 1 + months
-    return start.replace(year=index // 12, month=index % 12 + 1, day=1)
+def _today(now: datetime) -> int:
+    return now.toordinal()
+
+
+def _month_start(year: int, month: int) -> int:
+    """The day number of the first of `month` in `year`, any year."""
+    before = year - 1
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    days = before * 365 + before // 4 - before // 100 + before // 400
+    return days + _DAYS_BEFORE_MONTH[month - 1] + (1 if leap and month > 2 else 0) + 1
+
+
+def _months_on(year: int, month: int, months: int) -> int:
+    """The first day of the month `months` after (or before) year-month."""
+    index = year * 12 + month - 1 + months
+    return _month_start(index // 12, index % 12 + 1)
 
 
 def _count(word: str) -> int:
     return int(word) if word.isdigit() else _NUMBERS[word]
 
 
-def _ago(match: re.Match[str], now: datetime) -> Period | None:
+def _ago(match: re.Match[str], now: datetime) -> _Days | None:
     count, unit = _count(match.group(1)), match.group(2)
     if count == 0:
         return None
-    day = _day(now)
+    day = _today(now)
     # The named moment, with a margin as wide as the unit's usual vagueness.
     if unit == "day":
-        center, margin = day - timedelta(days=count), timedelta(days=1)
-        return Period(center - margin, center + timedelta(days=1) + margin)
+        center = day - count
+        return center - 1, center + 2
     if unit == "week":
-        center, margin = day - timedelta(weeks=count), timedelta(days=4)
+        center, margin = day - 7 * count, 4
     elif unit == "month":
-        center, margin = day - timedelta(days=30 * count), timedelta(days=16)
+        center, margin = day - 30 * count, 16
     else:
-        center, margin = day.replace(year=day.year - count, month=1, day=1), timedelta(days=0)
-        return Period(center, center.replace(year=center.year + 1))
-    return Period(center - margin, center + margin)
+        year = now.year - count
+        return _month_start(year, 1), _month_start(year + 1, 1)
+    return center - margin, center + margin
 
 
-def _relative(match: re.Match[str], now: datetime) -> Period | None:
+def _relative(match: re.Match[str], now: datetime) -> _Days | None:
     which, unit = match.group(1), match.group(2)
-    day = _day(now)
+    day = _today(now)
     current = which == "this"
     if unit in ("week", "weekend"):
-        monday = day - timedelta(days=day.weekday())
-        start = monday if current else monday - timedelta(weeks=1)
+        monday = day - now.weekday()
+        start = monday if current else monday - 7
         if unit == "weekend":
-            start += timedelta(days=5)
-            return Period(start, start + timedelta(days=2))
+            return start + 5, start + 7
         if which == "past":  # the last seven days
-            return Period(day - timedelta(days=7), day + timedelta(days=1))
-        return Period(start, start + timedelta(weeks=1))
+            return day - 7, day + 1
+        return start, start + 7
     if unit == "month":
-        first = day.replace(day=1)
         if which == "past":
-            return Period(day - timedelta(days=31), day + timedelta(days=1))
-        start = first if current else _add_months(first, -1)
-        return Period(start, _add_months(start, 1))
-    first = day.replace(month=1, day=1)
+            return day - 31, day + 1
+        back = 0 if current else -1
+        return _months_on(now.year, now.month, back), _months_on(now.year, now.month, back + 1)
     if which == "past":
-        return Period(day - timedelta(days=366), day + timedelta(days=1))
-    start = first if current else first.replace(year=first.year - 1)
-    return Period(start, start.replace(year=start.year + 1))
+        return day - 366, day + 1
+    year = now.year if current else now.year - 1
+    return _month_start(year, 1), _month_start(year + 1, 1)
 
 
-def _weekday(match: re.Match[str], now: datetime) -> Period | None:
-    day = _day(now)
-    back = (day.weekday() - _WEEKDAYS[match.group(2)]) % 7 or 7
-    start = day - timedelta(days=back)
-    return Period(start, start + timedelta(days=1))
+def _weekday(match: re.Match[str], now: datetime) -> _Days | None:
+    back = (now.weekday() - _WEEKDAYS[match.group(2)]) % 7 or 7
+    start = _today(now) - back
+    return start, start + 1
 
 
-def _month(match: re.Match[str], now: datetime) -> Period | None:
+def _month(match: re.Match[str], now: datetime) -> _Days | None:
     if match.group(2):
         month, year_text, last = _MONTHS[match.group(2)], match.group(3), match.group(1) == "last"
     else:
@@ -192,31 +216,30 @@ def _month(match: re.Match[str], now: datetime) -> Period | None:
     else:
         # The latest such month that has begun (this year's, or last year's).
         year = now.year if month < now.month or (month == now.month and not last) else now.year - 1
-    start = _month_start(year, month, now)
-    if start > now:
+    start = _month_start(year, month)
+    if start > _today(now):
         return None
-    end = _add_months(start, 1)
     if match.group(1) == "since":
-        end = _day(now) + timedelta(days=1)
-    return Period(start, end)
+        return start, _today(now) + 1
+    return start, _months_on(year, month, 1)
 
 
-def _year(match: re.Match[str], now: datetime) -> Period | None:
+def _year(match: re.Match[str], now: datetime) -> _Days | None:
     year = int(match.group(1))
     if year > now.year:
         return None
-    start = _day(now).replace(year=year, month=1, day=1)
-    return Period(start, start.replace(year=year + 1))
+    return _month_start(year, 1), _month_start(year + 1, 1)
 
 
-def _day_words(match: re.Match[str], now: datetime) -> Period | None:
+def _day_words(match: re.Match[str], now: datetime) -> _Days | None:
     back = {"the day before yesterday": 2, "yesterday": 1}.get(match.group(1), 0)
-    start = _day(now) - timedelta(days=back)
-    return Period(start, start + timedelta(days=1))
+    start = _today(now) - back
+    return start, start + 1
 
 
-def _recent(match: re.Match[str], now: datetime) -> Period | None:
-    return Period(_day(now) - timedelta(days=30), _day(now) + timedelta(days=1))
+def _recent(match: re.Match[str], now: datetime) -> _Days | None:
+    day = _today(now)
+    return day - 30, day + 1
 
 
 _READERS = (

@@ -375,6 +375,40 @@ async def test_bad_searches_are_4xx_with_the_error_json(
     assert response.json()["error"] == code
 
 
+@pytest.mark.parametrize(
+    ("as_of", "q"),
+    [
+        ("0001-01-01T00:00:00Z", "what did I buy last year?"),
+        ("0001-01-01T00:00:00Z", "what did I eat yesterday"),
+        ("0001-01-01T00:00:00Z", "what did I read last week"),
+        ("0001-01-01T00:00:00Z", "back in March"),
+        ("0001-01-01T00:00:00+05:00", "what did I say today"),
+        ("9999-12-31T00:00:00Z", "what did I eat today"),
+        ("9999-12-31T00:00:00Z", "what happened this year"),
+        ("9999-12-31T00:00:00Z", "what happened this month"),
+        ("9999-12-31T00:00:00Z", "what did I do recently"),
+        ("9999-12-31T23:59:59-05:00", "what did I do after last week"),
+    ],
+)
+async def test_as_of_at_the_calendars_ends_is_answered(api: ApiClient, as_of: str, q: str) -> None:
+    # The period is cut at the calendar's ends (or there is none): never a 500.
+    _, auth = api.new_user()
+    await chat(api, auth, "my favourite colour is teal")
+    response = await api.get("/memory/search", params={"q": q, "as_of": as_of}, headers=auth)
+    assert response.status_code == 200, response.text
+    assert isinstance(response.json()["hits"], list)
+
+
+@pytest.mark.parametrize("q", ["\x00", "teal\x00colour", "\x00 last week"])
+async def test_a_nul_in_q_is_422_naming_q(api: ApiClient, q: str) -> None:
+    _, auth = api.new_user()
+    response = await api.get("/memory/search", params={"q": q}, headers=auth)
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert body["error"] == "validation_error"
+    assert body["detail"] == "q: must not contain NUL (U+0000) characters."
+
+
 async def test_search_needs_a_token(api: ApiClient) -> None:
     response = await api.get("/memory/search", params={"q": "x"})
     assert response.status_code == 401

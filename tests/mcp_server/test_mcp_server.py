@@ -23,6 +23,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from tests.utils.api import ApiClient
 from tests.utils.chat_api import assert_error
 from tests.utils.dev_server import DevServer
 from tests.utils.fake_openai import FakeOpenAI
@@ -164,7 +165,9 @@ async def test_tools_see_only_the_callers_data(
         bad = await session.call_tool("get_session", {"session_id": "nope"})
         assert error_of(bad).startswith("bad_request: ")
         invalid = await session.call_tool("search_memory", {"query": ""})
-        assert invalid.is_error  # the SDK's validation (min_length)
+        assert error_of(invalid) == (
+            "validation_error: query: String should have at least 1 character."
+        )
         blank = await session.call_tool("search_memory", {"query": "   "})
         assert error_of(blank) == "bad_request: query is blank."
 
@@ -182,6 +185,45 @@ async def test_http_mcp_needs_the_apis_token(dev: DevServer) -> None:
         )
     assert r.status_code == 200, r.text
     assert {tool["name"] for tool in json.loads(r.text)["result"]["tools"]} == TOOLS
+
+
+async def test_argument_errors_are_sentences_naming_the_field(
+    connect: Connect, dev: DevServer
+) -> None:
+    async with connect(dev.token()) as session:
+        nul = await session.call_tool("search_memory", {"query": "my \x00 secret"})
+        assert error_of(nul) == (
+            "validation_error: query: must not contain NUL (U+0000) characters."
+        )
+        only_nul = await session.call_tool("search_memory", {"query": "\x00"})
+        assert error_of(only_nul) == error_of(nul)
+        several = await session.call_tool(
+            "search_memory", {"query": "x", "k": 0, "agent_name": "bad name!"}
+        )
+        text = error_of(several)
+        assert text.startswith("validation_error: ") and text.endswith(".")
+        assert "k: Input should be greater than or equal to 1" in text
+        assert "agent_name: String should match pattern" in text
+        missing = await session.call_tool("get_session", {})
+        assert error_of(missing) == "validation_error: session_id: is required."
+        wrong_type = await session.call_tool("list_sessions", {"limit": "many"})
+        assert error_of(wrong_type).startswith("validation_error: limit: ")
+    # Never what was sent, in the answer or the logs.
+    assert "secret" not in dev.output()
+
+
+async def test_http_mcp_without_the_sdk_is_501_saying_what_to_install(
+    api: ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As where the package is not installed: `import mcp` fails (restored after).
+    for name in [m for m in sys.modules if m == "mcp" or m.startswith("mcp.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "mcp", None)
+    _, auth = api.new_user()
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    r = await api.post("/mcp", json=message, headers=auth)
+    assert_error(r, 501, "mcp_unavailable")
+    assert ".venv/bin/pip install -e '.[mcp]'" in r.json()["detail"]
 
 
 def test_memchat_mcp_refuses_to_start_without_a_token(dev: DevServer) -> None:

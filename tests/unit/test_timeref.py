@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from memchat.timeref import period_in
 
@@ -99,3 +101,107 @@ def test_before_and_after_an_expression_name_the_time_beyond_it(
         day(start) if start else None,
         day(end) if end else None,
     )
+
+
+FIRST_DAY = datetime(1, 1, 1, 12, tzinfo=UTC)  # a Monday
+LAST_DAY = datetime(9999, 12, 31, 12, tzinfo=UTC)  # a Friday
+EVERY_EXPRESSION = [
+    "today",
+    "yesterday",
+    "the day before yesterday",
+    "two days ago",
+    "999 days ago",
+    "999 weeks ago",
+    "999 months ago",
+    "999 years ago",
+    "this week",
+    "last week",
+    "past week",
+    "this weekend",
+    "last weekend",
+    "this month",
+    "last month",
+    "past month",
+    "this year",
+    "last year",
+    "past year",
+    "last Sunday",
+    "on Friday",
+    "in March",
+    "last December",
+    "since April",
+    "in December",
+    "March 9999",
+    "December 9999",
+    "back in 2020",
+    "recently",
+    "what I did before today",
+    "what I did after today",
+    "what I do after this year",
+    "what I did before last year",
+]
+
+
+@pytest.mark.parametrize("now", [FIRST_DAY, LAST_DAY], ids=["first day", "last day"])
+@pytest.mark.parametrize("text", EVERY_EXPRESSION)
+def test_the_calendars_ends_cut_the_period(text: str, now: datetime) -> None:
+    period = period_in(text, now)
+    if period is not None:
+        assert period.start is None or period.start.tzinfo is UTC
+        assert period.start is None or period.end is None or period.start < period.end
+        assert period.start is not None or period.end is not None
+
+
+@pytest.mark.parametrize(
+    ("text", "now", "start", "end"),
+    [
+        # Nothing of it is in the calendar: no period.
+        ("last year", FIRST_DAY, "none", "none"),
+        ("yesterday", FIRST_DAY, "none", "none"),
+        ("last week", FIRST_DAY, "none", "none"),
+        ("in March", FIRST_DAY, "none", "none"),
+        ("what I did before today", FIRST_DAY, "none", "none"),
+        # Part of it is: the part, open where the calendar ends.
+        ("this week", FIRST_DAY, "0001-01-01", "0001-01-08"),
+        ("two days ago", datetime(1, 1, 2, tzinfo=UTC), None, "0001-01-02"),
+        ("recently", FIRST_DAY, None, "0001-01-02"),
+        ("today", LAST_DAY, "9999-12-31", None),
+        ("this year", LAST_DAY, "9999-01-01", None),
+        ("this month", LAST_DAY, "9999-12-01", None),
+        ("recently", LAST_DAY, "9999-12-01", None),
+        ("last week", LAST_DAY, "9999-12-20", "9999-12-27"),
+        ("what I did after today", LAST_DAY, "none", "none"),
+    ],
+)
+def test_a_period_beyond_the_calendar_is_cut_or_none(
+    text: str, now: datetime, start: str | None, end: str | None
+) -> None:
+    period = period_in(text, now)
+    if start == "none":
+        assert period is None
+        return
+    assert period is not None
+    assert (period.start, period.end) == (
+        day(start) if start else None,
+        day(end) if end else None,
+    )
+
+
+def test_a_time_zone_at_the_calendars_end_keeps_its_days() -> None:
+    from datetime import timedelta, timezone
+
+    late = datetime(9999, 12, 31, 23, 0, tzinfo=timezone(timedelta(hours=-5)))
+    period = period_in("yesterday", late)
+    assert period is not None and period.start is not None
+    assert period.start.isoformat() == "9999-12-30T00:00:00-05:00"
+
+
+@given(
+    moment=st.datetimes(timezones=st.timezones()),
+    text=st.sampled_from(EVERY_EXPRESSION),
+)
+def test_any_moment_names_a_period_in_the_calendar_or_none(moment: datetime, text: str) -> None:
+    period = period_in(f"what did I do {text}", moment)
+    if period is not None:
+        assert period.start is not None or period.end is not None
+        assert period.start is None or period.end is None or period.start < period.end

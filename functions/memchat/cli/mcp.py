@@ -3,7 +3,11 @@
 The server runs in this process against the database (as `memchat dev`
 does: DATABASE_URL, else the embedded PostgreSQL under `.memchat/`), acting
 for the user of one access token (--token or MEMCHAT_TOKEN, verified as the
-API verifies it). stdout carries the protocol only; notes go to stderr.
+API verifies it: its signature once, at start; its expiry and that its
+user still exists at every tool call, which does nothing otherwise).
+stdout carries the protocol only; notes go to stderr. Without the MCP SDK
+(the `mcp` extra) it says what to install and exits 2, as POST /mcp answers
+501.
 """
 
 from __future__ import annotations
@@ -48,6 +52,11 @@ def register(commands: Subcommands) -> None:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
+    from memchat.mcp import INSTALL_HINT, sdk_missing
+
+    if sdk_missing():
+        err(f"memchat mcp: the MCP SDK is not installed: {INSTALL_HINT}.")
+        return 2
     token = args.token or os.environ.get("MEMCHAT_TOKEN", "")
     if not token.strip():
         err("memchat mcp: give the user's access token (--token or MEMCHAT_TOKEN)")
@@ -87,7 +96,7 @@ def _serve(state: AppState, caller: Caller) -> int:
 
     async def run() -> None:
         try:
-            with server.acting_for(caller):
+            with server.acting_for(caller, recheck=True):
                 await mcp_server.run_stdio_async()
         finally:
             await state.close()

@@ -2,28 +2,36 @@
 
 The caller is the one the transport verified (`acting_for`): the HTTP
 route sets it per request from the bearer token; `memchat mcp` once, from
-its token. A tool's failure the user can act on (a conflict, a limit, an
-unknown session) comes back as the tool's error text (memchat's detail);
-anything else is the SDK's generic tool error, its cause logged without
-the request's content.
+its token, so there each tool call first checks (`recheck`) that the token
+has not expired since and that its user still exists, and does nothing
+otherwise. A tool's failure the user can act on (arguments that fail the
+tool's schema, a conflict, a limit, an unknown session) comes back as the
+tool's error text, `<code>: <detail>` as the HTTP API would say it
+(arguments: `validation_error` naming each field, never quoting the value);
+anything else is the SDK's generic tool error, its cause logged without the
+request's content.
 """
 
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 import json
 import logging
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from memchat import store
+from memchat.auth import LEEWAY_SECONDS as TOKEN_LEEWAY_SECONDS
 from memchat.config import AGENT_NAME_PATTERN
-from memchat.errors import BadRequest, MemchatError, RecallOff, RecallUnavailable
+from memchat.errors import BadRequest, MemchatError, RecallOff, RecallUnavailable, Unauthorized
 from memchat.usecases.completions import storable
 from memchat.usecases.recall import OK
 
@@ -40,7 +48,22 @@ INSTRUCTIONS = (
     "exchanges, read_notes and update_notes are the long-term notes about the user, "
     "list_sessions and get_session the conversations themselves."
 )
-_CALLER: contextvars.ContextVar[store.Caller] = contextvars.ContextVar("memchat_mcp_caller")
+EXPIRED = (
+    "The access token has expired; get a new one (locally: `memchat token`)"
+    " and restart `memchat mcp` with it."
+)
+GONE = "This account no longer exists; nothing was done."
+# The most argument errors one tool error lists (as the HTTP API's 422 does).
+_MAX_ARGUMENT_ERRORS = 5
+
+
+@dataclass(frozen=True)
+class _Acting:
+    caller: store.Caller
+    recheck: bool
+
+
+_ACTING: contextvars.ContextVar[_Acting] = contextvars.ContextVar("memchat_mcp_caller")
 
 Agent = Annotated[
     str, Field(pattern=AGENT_NAME_PATTERN, description="The agent; default 'default'.")
@@ -48,31 +71,66 @@ Agent = Annotated[
 
 
 @contextmanager
-def acting_for(caller: store.Caller) -> Iterator[None]:
-    """Run the server's tools for `caller` within the block."""
-    token = _CALLER.set(caller)
+def acting_for(caller: store.Caller, *, recheck: bool = False) -> Iterator[None]:
+    """Run the server's tools for `caller` within the block. `recheck`: the
+    token was verified once for a long-lived transport (stdio), so each
+    tool call first checks its expiry and that its user still exists (the
+    signature cannot have changed)."""
+    token = _ACTING.set(_Acting(caller, recheck))
     try:
         yield
     finally:
-        _CALLER.reset(token)
+        _ACTING.reset(token)
 
 
-def _caller() -> store.Caller:
+def _acting() -> _Acting:
     try:
-        return _CALLER.get()
+        return _ACTING.get()
     except LookupError:
         raise RuntimeError("an MCP tool ran outside acting_for()") from None
 
 
+def _caller() -> store.Caller:
+    return _acting().caller
+
+
+async def _check_caller(state: AppState) -> None:
+    """Unauthorized unless the caller may still act (with `recheck` only):
+    its token unexpired (the verifier's leeway), its user still there (one
+    round trip)."""
+    acting = _acting()
+    if not acting.recheck:
+        return
+    expires = acting.caller.claims.get("exp")
+    # The verifier's own leeway: a token accepted at start is not refused by
+    # the next call for a difference in rules.
+    if isinstance(expires, int | float) and time.time() > expires + TOKEN_LEEWAY_SECONDS:
+        raise Unauthorized(EXPIRED)
+    try:
+        async with state.db.pipeline(acting.caller.claims):
+            pass  # the pipeline checks that the user exists
+    except Unauthorized:
+        raise Unauthorized(GONE) from None
+
+
+def _invalid_arguments(exc: ValidationError) -> str:
+    """The tool's arguments' errors as the HTTP API's 422 says a body's:
+    each field and what is wrong with it (never the value sent)."""
+    details = []
+    for error in exc.errors(include_url=False, include_input=False)[:_MAX_ARGUMENT_ERRORS]:
+        where = ".".join(str(part) for part in error.get("loc", ())) or "arguments"
+        message = "is required" if error.get("type") == "missing" else error.get("msg")
+        details.append(f"{where}: {message or 'invalid value'}")
+    return "; ".join(details) + "."
+
+
 def build(state: AppState) -> MCPServer:
     """The server over `state` (the app's own: database, settings, recall)."""
-    from mcp.server.mcpserver import MCPServer
-
     # The SDK logs each request's lifecycle at INFO (a stateless request
     # starts and stops a session manager) and a tool's error text, which can
     # quote what the caller sent: memchat's own lines say what happened.
     logging.getLogger("mcp").setLevel(logging.WARNING)
-    server: MCPServer = MCPServer(NAME, instructions=INSTRUCTIONS)
+    server: MCPServer = _server_class()(state)
     tools = _Tools(state)
     for tool in (
         tools.search_memory,
@@ -83,6 +141,42 @@ def build(state: AppState) -> MCPServer:
     ):
         server.add_tool(tool, name=tool.__name__, description=inspect.cleandoc(tool.__doc__ or ""))
     return server
+
+
+@functools.cache
+def _server_class() -> Callable[[AppState], MCPServer]:
+    """MCPServer with memchat's checks around every tool call (defined on
+    first use: the SDK is imported only then)."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+
+    class Server(MCPServer):
+        def __init__(self, state: AppState) -> None:
+            super().__init__(NAME, instructions=INSTRUCTIONS)
+            self._memchat_state = state
+
+        async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+            """The tool's answer, once the caller is checked (nothing done
+            otherwise); arguments the schema refuses, as a sentence."""
+            try:
+                await _check_caller(self._memchat_state)
+            except MemchatError as exc:
+                raise ToolError(f"Error executing tool {name}: {exc.code}: {exc.detail}") from None
+            try:
+                return await super().call_tool(name, arguments, context)
+            except UnexpectedToolError:
+                raise
+            except ToolError as exc:
+                cause = exc.__cause__
+                if not isinstance(cause, ValidationError):
+                    raise
+                detail = _invalid_arguments(cause)
+                # From the ValidationError still: the SDK then logs the fields' names only.
+                raise ToolError(
+                    f"Error executing tool {name}: validation_error: {detail}"
+                ) from cause
+
+    return Server
 
 
 class _Tools:
@@ -100,6 +194,7 @@ class _Tools:
         async with _tool_errors():
             if not query.strip():
                 raise BadRequest("query is blank.")
+            storable("query", query)  # as GET /memory/search's q: text the database can hold
             state = self._state
             if not state.settings.memory_enabled:
                 raise RecallOff

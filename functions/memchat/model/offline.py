@@ -3,7 +3,9 @@
 `memchat dev` with no OPENAI_API_KEY answers from this, so a newcomer can
 try the whole flow (sessions, history, long-term notes, recall) with no key.
 It is served through the real `openai` client via an in-process HTTP
-transport, and every answer says that it is the offline responder.
+transport (its requests addressed to HOST, which no network has, and left
+out of httpx2's request log), and every answer says that it is the offline
+responder.
 
 It serves `POST /chat/completions` (an answer built from the prompt: a
 question answered from what the prompt carries (`answer_from_context`:
@@ -23,6 +25,7 @@ import array
 import asyncio
 import base64
 import json
+import logging
 import re
 import time
 import uuid
@@ -426,6 +429,35 @@ def _stream(message: dict[str, Any], include_usage: bool) -> AsyncIterator[bytes
     return events()
 
 
+# Where the offline responder's requests are addressed once they reach its
+# client (whatever base URL the settings name): a host no network has, so
+# whatever names such a request says it stayed in this process.
+HOST = "offline-responder.memchat.invalid"
+
+
 def http_client() -> httpx.AsyncClient:
     """An httpx client whose every request is answered in-process."""
-    return httpx.AsyncClient(transport=httpx.MockTransport(_handle))
+    _quiet_request_lines()
+    return httpx.AsyncClient(
+        transport=httpx.MockTransport(_handle), event_hooks={"request": [_in_process]}
+    )
+
+
+async def _in_process(request: httpx.Request) -> None:
+    request.url = request.url.copy_with(scheme="http", host=HOST, port=None)
+
+
+class _InProcessRequests(logging.Filter):
+    """Drops httpx2's "HTTP Request: POST <url> ..." line for the offline
+    responder's requests: it reports a network call that never happened.
+    Every other request's line (a real provider's) is kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (isinstance(args, tuple) and len(args) > 1 and f"//{HOST}/" in str(args[1]))
+
+
+def _quiet_request_lines() -> None:
+    http_logger = logging.getLogger("httpx2")
+    if not any(isinstance(f, _InProcessRequests) for f in http_logger.filters):
+        http_logger.addFilter(_InProcessRequests())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from typing import TYPE_CHECKING
 
 from fastapi import APIRouter
@@ -10,6 +9,7 @@ from starlette.responses import Response
 
 from memchat.api.deps import CurrentUser, State
 from memchat.errors import MemchatError
+from memchat.mcp import INSTALL_HINT, sdk_missing
 
 if TYPE_CHECKING:
     from starlette.types import Receive, Scope, Send
@@ -42,7 +42,7 @@ async def mcp(caller: CurrentUser, state: State) -> Response:
     """The Model Context Protocol (streamable HTTP, stateless, JSON answers):
     tools search_memory, read_notes, update_notes, list_sessions, get_session,
     acting for the caller."""
-    if importlib.util.find_spec("mcp") is None:
+    if sdk_missing():
         raise McpNotInstalled()
     return McpExchange(state, caller)
 
@@ -51,4 +51,4 @@ class McpNotInstalled(MemchatError):
     """A deployment without the `mcp` extra (the SDK) answers this, not a 500."""
 
     status, code = 501, "mcp_unavailable"
-    detail = "This deployment does not serve MCP: install memchat[mcp] (the mcp SDK)."
+    detail = f"This deployment does not serve MCP: the MCP SDK is not installed; {INSTALL_HINT}."

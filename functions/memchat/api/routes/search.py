@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Annotated
 from fastapi import APIRouter, Query, Response
 
 from memchat.api.deps import AgentQuery, CurrentUser, State
-from memchat.api.schemas import error_responses
+from memchat.api.schemas import STORABLE_PATTERN, error_responses
 from memchat.api.schemas.memory import MemorySearchOut, NeighbourOut, RecalledOut
 from memchat.errors import BadRequest, NaiveTime, RecallOff, RecallUnavailable
+from memchat.usecases.completions import storable
 from memchat.usecases.recall import OK
 
 if TYPE_CHECKING:
@@ -42,7 +43,15 @@ async def search_memory(
     caller: CurrentUser,
     state: State,
     response: Response,
-    q: Annotated[str, Query(min_length=1, max_length=16000, description="What to look for.")],
+    q: Annotated[
+        str,
+        Query(
+            min_length=1,
+            max_length=16000,
+            json_schema_extra={"pattern": STORABLE_PATTERN},
+            description="What to look for.",
+        ),
+    ],
     k: Annotated[int, Query(ge=1, le=MAX_K, description="At most this many hits.")] = 5,
     agent_name: AgentQuery = "default",
     as_of: Annotated[
@@ -62,6 +71,9 @@ async def search_memory(
     long the embedding and the search took."""
     if not q.strip():
         raise BadRequest("q is blank.")
+    # The database's text cannot hold a NUL: refused here, naming q, rather
+    # than failing in the search (or, as the whole of q, in its embedding).
+    storable("q", q)
     moment = _moment(as_of)
     if not state.settings.memory_enabled:
         raise RecallOff
