@@ -108,6 +108,19 @@ def _body(content: str, header: str) -> str:
     return "\n".join(lines).strip("\n")
 
 
+def _same(line: str) -> str:
+    return " ".join(line.split()).casefold()
+
+
+def _new_lines(content: str, section: list[str]) -> str:
+    """`content` less the lines the section it joins has already (compared
+    without regard to case or spacing): "remember I like tea" said twice
+    adds the line once."""
+    present = {_same(line) for line in section if line.strip()}
+    kept = [line for line in content.strip("\n").split("\n") if _same(line) not in present]
+    return "\n".join(kept) if any(line.strip() for line in kept) else ""
+
+
 def apply(notes: str, operation: str, *, content: str = "", header: str = "") -> str:
     """Return the notes after `operation`; raises NotesError when it cannot apply."""
     if operation == "read":
@@ -118,9 +131,15 @@ def apply(notes: str, operation: str, *, content: str = "", header: str = "") ->
     if operation == "overwrite":
         return content.strip("\n")
     if operation == "append":
-        return _join(notes, content)
+        lines = notes.split("\n")
+        headers = [i for i, line in enumerate(lines) if parse_header(line)]
+        added = _new_lines(content, lines[headers[-1] :] if headers else lines)
+        return _join(notes, added) if added else notes
     if operation == "prepend":
-        return _join(content, notes)
+        lines = notes.split("\n")
+        first = next((i for i, line in enumerate(lines) if parse_header(line)), len(lines))
+        added = _new_lines(content, lines[:first])
+        return _join(added, notes) if added else notes
     if operation == "delete_all_notes":
         return ""
     if operation in ("replace_section_by_header", "delete_section_by_header"):

@@ -94,13 +94,16 @@ async def test_notes_per_agent_and_delete(api):
     assert r.json()["notes"] == "for helper" and r.json()["agent_name"] == "helper"
 
     r = await api.delete("/memory", params={"agent_name": "helper"}, headers=auth)
-    assert r.status_code == 200 and r.json() == {"deleted": True}
+    assert r.status_code == 200 and r.json() == {"deleted": 1, "versions_deleted": 1}
     r = await api.delete("/memory", params={"agent_name": "helper"}, headers=auth)
-    assert r.json() == {"deleted": False}
+    assert r.json() == {"deleted": 0, "versions_deleted": 0}
     r = await api.get("/memory", params={"agent_name": "helper"}, headers=auth)
     assert r.json()["notes"] == "" and r.json()["version"] == 0
     assert (await api.get("/memory", headers=auth)).json()["notes"] == "for default"
-    assert (await api.delete("/memory", headers=auth)).json() == {"deleted": True}
+    assert (await api.delete("/memory", headers=auth)).json() == {
+        "deleted": 1,
+        "versions_deleted": 1,
+    }
 
 
 async def test_notes_are_private(api, admin):
@@ -108,7 +111,10 @@ async def test_notes_are_private(api, admin):
     _, bob = api.new_user()
     await put(api, alice, "alice's secret")
     assert (await api.get("/memory", headers=bob)).json()["notes"] == ""
-    assert (await api.delete("/memory", headers=bob)).json() == {"deleted": False}
+    assert (await api.delete("/memory", headers=bob)).json() == {
+        "deleted": 0,
+        "versions_deleted": 0,
+    }
     # Bob's write creates Bob's row; Alice's stays.
     assert_error(await put(api, bob, "bob", expected_version=1), 409, "notes_conflict")
     await put(api, bob, "bob's own")
@@ -155,3 +161,17 @@ async def test_put_for_a_deleted_account_is_401(api, admin):
     user_id, auth = api.new_user()
     admin.execute("delete from auth.users where id = %s", (user_id,))
     assert_error(await put(api, auth, "ghost"), 401, "unauthorized")
+
+
+async def test_remembering_a_line_twice_keeps_it_once(api, model):
+    """An append that repeats a line already in the section it joins changes
+    nothing: no second line, no new version."""
+    _, auth = api.new_user()
+    for _ in range(2):
+        model.script(tool_call("append", content="- I like green tea"), {"content": "Noted."})
+        r = await api.post("/chat", json={"message": "remember I like green tea"}, headers=auth)
+        assert r.status_code == 200, r.text
+    notes = (await api.get("/memory", headers=auth)).json()
+    assert notes["notes"] == "- I like green tea" and notes["version"] == 1
+    assert r.json()["memory"]["long_term_notes_updated"] is False
+    assert "say that already" in model.requests[-1]["messages"][-1]["content"]

@@ -118,7 +118,10 @@ async def test_forgetting_the_notes_forgets_their_history(
     user_id, auth = api.new_user()
     await put(api, auth, "a secret I regret")
     await put(api, auth, "nothing much")
-    assert (await api.delete("/memory", headers=auth)).json() == {"deleted": True}
+    assert (await api.delete("/memory", headers=auth)).json() == {
+        "deleted": 1,
+        "versions_deleted": 2,
+    }
     assert await versions(api, auth) == []
 
     await put(api, auth, "again")

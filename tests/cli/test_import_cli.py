@@ -196,6 +196,16 @@ def test_a_malformed_file_is_refused_before_anything_is_sent(
     assert garbled.returncode == 1 and "neither JSON" in garbled.stderr
 
 
+def test_a_file_with_nothing_to_import_says_so_and_fails(dev: DevServer, tmp_path: Path) -> None:
+    token = dev.token()
+    for name, document in (("empty.json", {"sessions": []}), ("bare.json", {"sessions": [],
+                           "long_term_memory": []})):  # fmt: skip
+        done = run(dev, str(write(tmp_path, name, document)), "--token", token, "--no-wait")
+        assert done.returncode == 1, done
+        assert "holds nothing to import" in done.stderr
+        assert "imported 0 sessions" not in done.stdout
+
+
 def test_it_waits_until_recall_sees_the_import(
     dev: DevServer, dev_model: FakeOpenAI, tmp_path: Path
 ) -> None:

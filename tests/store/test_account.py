@@ -201,8 +201,8 @@ async def test_notes_are_per_agent_and_can_be_deleted(db, users):
     await store.save_notes(db, alice, "default", "default notes")
     await store.save_notes(db, alice, "other", "other notes")
 
-    assert await store.delete_notes(db, alice, "default") is True
-    assert await store.delete_notes(db, alice, "default") is False
+    assert await store.delete_notes(db, alice, "default") == (1, 1)  # the notes, one version
+    assert await store.delete_notes(db, alice, "default") == (0, 0)
 
     assert (await store.read_notes(db, alice, "default")).version == 0
     assert (await store.read_notes(db, alice, "other")).notes == "other notes"

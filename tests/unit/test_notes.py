@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from memchat import notes
+from memchat.notes import apply as notes_apply
 from tests.utils.cpu import cpu_per_call
 
 DOC = "\n".join(
@@ -220,3 +221,27 @@ def test_a_long_header_line_costs_linear_time(pathological: Callable[[int], str]
 
     small, large = cpu_per_call(work(2_000)), cpu_per_call(work(20_000))
     assert large / small < 30
+
+
+SECTIONS = "## Drinks\n- tea\n## Places\n- Oslo"
+
+
+@pytest.mark.parametrize(
+    ("notes", "operation", "content", "expected"),
+    [
+        ("- likes tea", "append", "- likes tea", "- likes tea"),
+        ("- likes tea", "append", "-  Likes TEA ", "- likes tea"),
+        ("- likes tea", "append", "- likes tea\n- lives in Oslo", "- likes tea\n\n- lives in Oslo"),
+        ("- likes tea", "prepend", "- likes tea", "- likes tea"),
+        # Only the section the content joins counts: the last one for append,
+        # what comes before the first header for prepend.
+        (SECTIONS, "append", "- tea", SECTIONS + "\n\n- tea"),
+        (SECTIONS, "append", "- Oslo", SECTIONS),
+        ("- intro\n## Drinks\n- tea", "prepend", "- tea", "- tea\n\n- intro\n## Drinks\n- tea"),
+        ("- intro\n## Drinks\n- tea", "prepend", "- intro", "- intro\n## Drinks\n- tea"),
+    ],
+)  # fmt: skip
+def test_an_append_or_prepend_of_lines_already_there_adds_only_the_new_ones(
+    notes: str, operation: str, content: str, expected: str
+) -> None:
+    assert notes_apply(notes, operation, content=content) == expected

@@ -55,6 +55,9 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     document = read_file(Path(args.file))
     sessions, notes = sessions_of(document)
+    if not sessions and not notes:
+        err(f"! {args.file} holds nothing to import: no sessions and no notes")
+        return 1
     headers = {"Authorization": f"Bearer {_token(args)}"}
     with httpx.Client(base_url=args.url, headers=headers, timeout=300) as client:
         try:

@@ -81,6 +81,8 @@ def run(arguments: dict[str, Any], current: str, max_chars: int) -> tuple[str, N
         updated = edit.apply(current)
     except notes.NotesError as exc:
         return f"error: {exc}", None
+    if updated == current:
+        return "ok: the notes say that already; nothing changed", None
     if len(updated) > max_chars:
         return (
             f"error: the notes would be {len(updated)} characters, over the limit of "

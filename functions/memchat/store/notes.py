@@ -59,16 +59,27 @@ async def _write_notes(
     return (result[0] if result else None), Notes.from_json(agent_name, row[0] if row else None)
 
 
-async def delete_notes(db: Database, caller: Caller, agent_name: str) -> bool:
-    """Forget the agent's notes about the caller, and their earlier versions."""
+_DELETE_NOTES = """
+with versions as (
+  select count(*) as kept from memchat.notes_versions v
+   where v.user_id = (select auth.uid()) and v.agent_name = %(agent_name)s),
+gone as (
+  delete from public.agent_long_term_memory m
+   where m.user_id = (select auth.uid()) and m.agent_name = %(agent_name)s
+  returning 1)
+select (select count(*) from gone), (select kept from versions)
+"""
+
+
+async def delete_notes(db: Database, caller: Caller, agent_name: str) -> tuple[int, int]:
+    """Forget the agent's notes about the caller, and their kept versions:
+    (notes deleted, 0 or 1; versions deleted, the current one included)."""
     async with db.pipeline(caller.claims, throttle=Bucket.WRITE) as conn:
         cur = conn.cursor()
-        await cur.execute(
-            "delete from public.agent_long_term_memory"
-            " where user_id = (select auth.uid()) and agent_name = %s",
-            (agent_name,),
-        )
-    return cur.rowcount > 0
+        await cur.execute(_DELETE_NOTES, {"agent_name": agent_name})
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]) if row[0] else 0
 
 
 _NOTES_VERSIONS = """

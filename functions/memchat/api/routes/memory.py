@@ -55,8 +55,10 @@ async def replace_memory(body: NotesBody, caller: CurrentUser, state: State) -> 
 async def delete_memory(
     caller: CurrentUser, state: State, agent_name: AgentQuery = "default"
 ) -> NotesDeleted:
-    """Forget the agent's notes about the caller, with their earlier versions."""
-    return NotesDeleted(deleted=await store.delete_notes(state.db, caller, agent_name))
+    """Forget the agent's notes about the caller, with their earlier versions:
+    how many of each were deleted."""
+    deleted, versions = await store.delete_notes(state.db, caller, agent_name)
+    return NotesDeleted(deleted=deleted, versions_deleted=versions)
 
 
 @router.get("/memory/versions", response_model=NotesVersions, responses=error_responses(422))

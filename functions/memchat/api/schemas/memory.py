@@ -30,7 +30,11 @@ class NotesBody(BaseModel):
 
 
 class NotesDeleted(BaseModel):
-    deleted: bool
+    deleted: int = Field(description="Notes deleted: 1, or 0 when there were none.")
+    versions_deleted: int = Field(
+        description="Their kept versions deleted with them (GET /memory/versions), the current"
+        " one included."
+    )
 
 
 class NotesVersionOut(BaseModel):
