@@ -244,7 +244,19 @@ class Settings(BaseModel):
     # (0: no pause).
     cleanup_batch_size: int = Field(default=1000, ge=1, le=100000)
     cleanup_pause_factor: float = Field(default=1.0, ge=0, le=100)
+    # A new message sent to the model (POST /chat, the last user message of
+    # /v1): 413 beyond. An imported message is only stored: it may be longer,
+    # up to IMPORT_MAX_MESSAGE_CHARS (and the database's max_message_bytes).
     max_message_chars: int = Field(default=16000, ge=1)
+    import_max_message_chars: int = Field(default=200_000, ge=1, le=10_000_000)
+    # All the client's text one POST /v1/chat/completions sends to the model
+    # (its messages, tool calls and results, tool schemas): 413 beyond, the
+    # model not called. Each message is held to MAX_MESSAGE_CHARS too.
+    max_request_chars: int = Field(default=64_000, ge=1, le=10_000_000)
+    # The most messages one user's live sessions may hold (the database holds
+    # its own copy, memchat.limits.max_stored_messages; the lower holds): a
+    # write past it (a turn, an import) is refused whole, 413 quota_exceeded.
+    user_max_stored_messages: int = Field(default=100_000, ge=1, le=10**15)
     ltm_max_chars: int = Field(default=8000, ge=100)
     max_tool_rounds: int = Field(default=4, ge=1, le=16)
 

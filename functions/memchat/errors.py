@@ -96,6 +96,22 @@ class PayloadTooLarge(MemchatError):
     detail = "The request is too large."
 
 
+class QuotaExceeded(PayloadTooLarge):
+    """A write that would take the user past USER_MAX_STORED_MESSAGES; nothing is stored."""
+
+    code = "quota_exceeded"
+
+    def __init__(self, limit: int, stored: int | None = None, adding: int | None = None) -> None:
+        self.limit = limit
+        held = f"you have {stored} stored; " if stored is not None else ""
+        more = f" {adding} more" if adding is not None else " more"
+        super().__init__(
+            f"Storing{more} messages would pass your limit of {limit} stored messages"
+            f" (USER_MAX_STORED_MESSAGES); {held}nothing was stored. Clear sessions you no"
+            " longer need (POST /chat/clear-session) or wait until old ones expire."
+        )
+
+
 class InvalidInput(MemchatError):
     """A value the database refused (a limit or a format rule)."""
 
@@ -109,11 +125,21 @@ class RateLimited(MemchatError):
 
     def __init__(self, retry_after: float, what: str = "chat messages") -> None:
         self.retry_after = max(1, math.ceil(retry_after))
+        # Set when the request's body is left unread (a refused import): the
+        # connection is closed rather than the rest read only to be dropped.
+        self.body_unread = False
         super().__init__(f"Too many {what}; retry in {self.retry_after} s.")
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(self.retry_after)}
+        close = {"Connection": "close"} if self.body_unread else {}
+        return {"Retry-After": str(self.retry_after), **close}
+
+
+class UnknownToolCall(BadRequest):
+    """A continuation of a tool call memchat did not make (or already answered)."""
+
+    code = "unknown_tool_call"
 
 
 class UpstreamError(MemchatError):

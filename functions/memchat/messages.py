@@ -28,6 +28,32 @@ def _data(kind: str, content: str, **extra: Any) -> dict[str, Any]:
     return {"type": kind, "data": data}
 
 
+UNSTORABLE_NUL = "must not contain NUL (U+0000) characters"
+UNSTORABLE_SURROGATE = "must not contain unpaired surrogates (U+D800 to U+DFFF)"
+
+
+def unstorable(value: object) -> str | None:
+    """Why PostgreSQL's text and jsonb could not hold `value` (a string, or
+    any JSON value: its keys and strings), or None when they can: NUL, or a
+    lone surrogate (which UTF-8 cannot encode)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return UNSTORABLE_NUL
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return UNSTORABLE_SURROGATE
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return None
+
+
 def human(content: str) -> dict[str, Any]:
     return _data("human", content)
 
@@ -111,13 +137,20 @@ def content_text(content: Any) -> str:
     return "".join(parts)
 
 
+# What an embedding is made of at most: an embedding model reads only its
+# text's start (OpenAI's 8,191 tokens, which this many characters stay within
+# in any script; MiniLM 256, e5 512), and an imported message may be far
+# longer (IMPORT_MAX_MESSAGE_CHARS) than a provider would take at all.
+EMBEDDING_MAX_CHARS = 6000
+
+
 def embedding_text(user_message: str) -> str:
     """The text embedded for a stored user message (recall finds messages by
-    it): today the message's own text. The one place that says so, for a
-    turn's embedding (usecases/recall.py) and the backfill's
-    (usecases/backfill.py); which messages get one is SQL's
-    memchat.embeddable (user messages with text)."""
-    return user_message
+    it): the message's own text, its first EMBEDDING_MAX_CHARS characters.
+    The one place that says so, for a turn's embedding (usecases/recall.py)
+    and the backfill's (usecases/backfill.py); which messages get one is
+    SQL's memchat.embeddable (user messages with text)."""
+    return user_message[:EMBEDDING_MAX_CHARS]
 
 
 # A sentence ends at . ! or ? followed by space and a capital (or a quote).
@@ -125,17 +158,20 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'(])")
 # What the user says about themselves: first-person words.
 _FIRST_PERSON = re.compile(r"\b(I|I'm|I've|I'd|I'll|my|me|mine|we|our)\b")
 FACT_MIN_CHARS, FACT_MAX_CHARS = 20, 400
+# A message keeps at most this many (a long imported document would give
+# thousands, each an embedding).
+FACT_KEYS_PER_MESSAGE = 100
 
 
 def fact_sentences(user_message: str) -> list[str]:
     """The extra recall keys of a stored user message: when it says several
     things, each sentence in which the user speaks of themselves ("By the
     way, I got my engagement ring resized"), 20-400 characters, in order,
-    each once. A message of one sentence has none (its own embedding is that
-    sentence's). Each key is embedded and points at its message: a question
-    about one of the things said then finds the message, however much else
-    it says (memchat.message_facts; LongMemEval's fact-augmented keys, by a
-    rule instead of a model)."""
+    each once, at most FACT_KEYS_PER_MESSAGE. A message of one sentence has
+    none (its own embedding is that sentence's). Each key is embedded and
+    points at its message: a question about one of the things said then
+    finds the message, however much else it says (memchat.message_facts;
+    LongMemEval's fact-augmented keys, by a rule instead of a model)."""
     sentences = [part.strip() for part in _SENTENCE_END.split(user_message) if part.strip()]
     if len(sentences) < 2:
         return []
@@ -144,7 +180,7 @@ def fact_sentences(user_message: str) -> list[str]:
         for sentence in sentences
         if FACT_MIN_CHARS <= len(sentence) <= FACT_MAX_CHARS and _FIRST_PERSON.search(sentence)
     ]
-    return list(dict.fromkeys(found))
+    return list(dict.fromkeys(found))[:FACT_KEYS_PER_MESSAGE]
 
 
 # Fact keys written by the chat model (MEMORY_RECALL_FACTS=model): the
@@ -182,20 +218,14 @@ def facts_calls(texts: list[str]) -> list[list[int]]:
     """The requests a session's new user messages take: their indexes, in
     order, at most FACTS_MESSAGES_PER_CALL and (each message cut at
     FACTS_PROMPT_CHARS) FACTS_PROMPT_CHARS characters a request."""
-    calls: list[list[int]] = []
-    size = 0
-    for index, text in enumerate(texts):
-        length = min(len(text), FACTS_PROMPT_CHARS)
-        if (
-            not calls
-            or len(calls[-1]) >= FACTS_MESSAGES_PER_CALL
-            or size + length > FACTS_PROMPT_CHARS
-        ):
-            calls.append([])
-            size = 0
-        calls[-1].append(index)
-        size += length
-    return calls
+    from memchat.packing import packed
+
+    def weight(index: int) -> int:
+        return min(len(texts[index]), FACTS_PROMPT_CHARS)
+
+    return list(
+        packed(range(len(texts)), weight, FACTS_PROMPT_CHARS, count=FACTS_MESSAGES_PER_CALL)
+    )
 
 
 def facts_prompt(texts: list[str]) -> list[dict[str, str]]:

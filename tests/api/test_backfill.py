@@ -553,3 +553,70 @@ async def test_a_long_sessions_messages_take_several_facts_requests(
     # The second message of each request: numbered within its request.
     second = f"question number {messages.FACTS_MESSAGES_PER_CALL + 1}"
     assert keys_by_message(admin, alice.user_id) == {"question number 1": [0, 1], second: [0, 1]}
+
+
+async def test_a_long_imported_message_is_embedded_from_its_start_and_found(
+    api: ApiClient,
+    model: FakeOpenAI,
+    admin: psycopg.Connection,
+    embedders: Callable[..., Embedder],
+) -> None:
+    """An imported message may be far longer than a new turn's (a pasted
+    document): what is sent to be embedded is bounded, its fact keys too,
+    and recall still finds it."""
+    user_id, auth = api.new_user()
+    sentences = [f"My sister number {i} lives in town {i}." for i in range(4000)]
+    document = "I keep my passport in the blue drawer. " + " ".join(sentences)
+    assert 150_000 < len(document) < api.settings.import_max_message_chars
+    body = {"sessions": [{"messages": [
+        {"role": "user", "content": document, "created_at": "2024-01-02T10:00:00Z"},
+        {"role": "assistant", "content": "Noted. " * 20_000, "created_at": "2024-01-02T10:01:00Z"},
+    ]}]}  # fmt: skip
+    r = await api.post("/sessions/import", json=body, headers=auth)
+    assert r.status_code == 200, r.text
+
+    run = await embedders().run()
+
+    assert (run.embedded, run.failed) == (1, 0)
+    sent = [text for request in model.embedding_requests for text in request["input"]]
+    assert max(len(text) for text in sent) <= messages.EMBEDDING_MAX_CHARS
+    assert sent[0] == document[: messages.EMBEDDING_MAX_CHARS]
+    (keys,) = admin.execute(
+        "select count(*) from memchat.message_facts where user_id = %s", (user_id,)
+    ).fetchone()
+    assert 0 < keys <= messages.FACT_KEYS_PER_MESSAGE
+    r = await api.get("/memory/search", params={"q": "where is my passport?"}, headers=auth)
+    assert r.status_code == 200, r.text
+    assert r.json()["hits"], r.json()
+
+
+async def test_more_keys_than_a_provider_takes_at_once_go_in_several_requests(
+    api: ApiClient,
+    model: FakeOpenAI,
+    admin: psycopg.Connection,
+    embedders: Callable[..., Embedder],
+) -> None:
+    """OpenAI takes 2,048 inputs a request: a batch of messages whose fact
+    keys make more is sent in parts, each within it, and every key stored."""
+    user_id, auth = api.new_user()
+    said = [
+        " ".join(f"I met my friend number {i} of group {n} in Porto." for i in range(120))
+        for n in range(25)
+    ]
+    body = {"sessions": [{"messages": [
+        {"role": "user", "content": text, "created_at": "2024-01-02T10:00:00Z"} for text in said
+    ]}]}  # fmt: skip
+    r = await api.post("/sessions/import", json=body, headers=auth)
+    assert r.status_code == 200, r.text
+    model.embedding_requests.clear()
+
+    run = await embedders().run()
+
+    assert (run.embedded, run.failed) == (25, 0)
+    sizes = [len(request["input"]) for request in model.embedding_requests]
+    assert sum(sizes) == 25 + 25 * messages.FACT_KEYS_PER_MESSAGE
+    assert len(sizes) > 1 and max(sizes) <= 2048
+    (keys,) = admin.execute(
+        "select count(*) from memchat.message_facts where user_id = %s", (user_id,)
+    ).fetchone()
+    assert keys == 25 * messages.FACT_KEYS_PER_MESSAGE

@@ -267,6 +267,10 @@ async def test_stats_match_a_scripted_history(
         "first_activity_at": None,
         "last_activity_at": None,
         "avg_messages_per_session": 0.0,
+        "storage": {
+            "stored_messages": 0,
+            "max_stored_messages": api.settings.user_max_stored_messages,
+        },
     }
 
     # Agent "default": a session of 3 turns (one with a tool round) and one of
@@ -301,11 +305,16 @@ async def test_stats_match_a_scripted_history(
     assert every["first_activity_at"] == min(s["created_at"] for s in sessions)
     assert every["last_activity_at"] == max(s["last_active_at"] for s in sessions)
     assert every["avg_messages_per_session"] == 2.5
+    assert every["storage"] == {
+        "stored_messages": every["messages"],
+        "max_stored_messages": api.settings.user_max_stored_messages,
+    }
 
     default = (await api.get("/chat/stats", params={"agent_name": "default"}, headers=auth)).json()
     assert default["agent_name"] == "default"
     assert default["sessions"] == {"total": 3, "active": 2, "cleared": 1}
     assert (default["messages"], default["turns"]) == (8, 4)
+    assert default["storage"] == every["storage"]  # the user's, whatever the agent
     assert default["feedback"] == {"positive": 1, "negative": 1, "neutral": 0, "with_comment": 1}
 
     one = (await api.get(f"/chat/stats/{first['session_id']}", headers=auth)).json()

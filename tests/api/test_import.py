@@ -5,6 +5,7 @@ failure partway and its retry, and the embeddings waiting for the backfill."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -25,6 +26,7 @@ from tests.utils.fake_openai import FakeOpenAI, tool_call
 Build = Callable[..., ApiClient]
 
 T0 = datetime(2023, 5, 20, 9, 30, tzinfo=UTC)
+SESSION = "3f1c2b4a-8d2e-4f61-9a0b-5c7d6e8f9a01"
 
 
 def at(minutes: float) -> str:
@@ -445,23 +447,53 @@ async def test_a_session_over_the_message_limit_is_413_naming_it(custom_api: Bui
     assert "IMPORT_MAX_MESSAGES_PER_SESSION" in detail
 
 
-async def test_a_user_message_over_max_message_chars_is_413_naming_it(
-    custom_api: Build,
+async def test_a_message_over_import_max_message_chars_is_413_naming_it(
+    custom_api: Build, admin: psycopg.Connection
 ) -> None:
-    api = custom_api(max_message_chars=100)
+    api = custom_api(import_max_message_chars=100)
+    user_id, auth = api.new_user()
+    for role in ("user", "assistant"):
+        r = await api.post("/sessions/import", json=with_message(role=role, content="x" * 101),
+                           headers=auth)  # fmt: skip
+        detail = assert_error(r, 413, "payload_too_large")["detail"]
+        assert detail.startswith("sessions[1].messages[1].content: 101 characters")
+        assert "IMPORT_MAX_MESSAGE_CHARS" in detail
+    (count,) = admin.execute(
+        "select count(*) from public.chat_sessions where user_id = %s", (user_id,)
+    ).fetchone()
+    assert count == 0
+
+
+async def test_a_user_message_longer_than_a_new_turns_imports(
+    custom_api: Build, admin: psycopg.Connection, model: FakeOpenAI
+) -> None:
+    """An imported message is only stored: one pasted document over
+    MAX_MESSAGE_CHARS must not refuse years of chats. The window, recall and
+    the summary cope with it."""
+    api = custom_api(max_message_chars=1000)
     _, auth = api.new_user()
-    r = await api.post("/sessions/import", json=with_message(role="user", content="x" * 101),
+    document = "My passport number is in the drawer. " + "lorem ipsum " * 16_000
+    body = with_message(role="user", content=document)
+    result = await import_(api, auth, body)
+    assert result["imported_messages"] == 5
+    stored = stored_messages(admin, result["sessions"][1]["session_id"])
+    assert stored[1][1] == document  # whole, as imported
+    # The session goes on: a new turn in it is held to MAX_MESSAGE_CHARS,
+    # its window to MEMORY_MAX_CONTEXT_CHARS.
+    session_id = result["sessions"][1]["session_id"]
+    reply = await chat(api, auth, "what did I paste?", session_id=session_id)
+    assert reply["session_id"] == session_id
+    prompt = json.dumps(model.requests[-1]["messages"])
+    assert len(prompt) < 2 * api.settings.memory_max_context_chars + 20_000
+    r = await api.post("/chat", json={"message": "y" * 1001, "session_id": session_id},
                        headers=auth)  # fmt: skip
-    detail = assert_error(r, 413, "payload_too_large")["detail"]
-    assert detail.startswith("sessions[1].messages[1].content: 101 characters")
-    # An answer may be longer (as the model's may): the database's size limit holds it.
-    r = await api.post("/sessions/import", json=with_message(content="x" * 101), headers=auth)
-    assert r.status_code == 200, r.text
+    assert_error(r, 413, "payload_too_large")
 
 
 async def test_a_message_over_the_databases_size_is_413_naming_it(api: ApiClient) -> None:
     _, auth = api.new_user()
-    body = with_message(content="x" * 300_000)  # an answer: over max_message_bytes
+    # Within IMPORT_MAX_MESSAGE_CHARS, over max_message_bytes as UTF-8.
+    body = with_message(content="é" * 150_000)
     r = await api.post("/sessions/import", json=body, headers=auth)
     detail = assert_error(r, 413, "payload_too_large")["detail"]
     assert detail.startswith("sessions[1].messages[1]: ") and "262144" in detail
@@ -550,6 +582,7 @@ async def test_imported_user_messages_wait_for_embeddings_until_the_backfill(
         "max_request_bytes": api.settings.import_max_bytes,
         "max_sessions_per_request": api.settings.import_max_sessions,
         "max_messages_per_session": api.settings.import_max_messages_per_session,
+        "max_message_chars": api.settings.import_max_message_chars,
     }
 
     result = await import_(api, auth, {"sessions": [plain_session(4), plain_session(3, start=9)]})
@@ -624,25 +657,138 @@ async def test_messages_the_backfill_gave_up_on_are_reported_until_imported_agai
 # ------------------------------------------------------------ the throttle
 
 
-async def test_a_refused_import_spends_no_token(
+async def test_the_token_is_taken_before_the_body_is_read(
     custom_api: Build, admin: psycopg.Connection
 ) -> None:
-    """Every record is checked before the request's token is taken: a 413 (or
-    422) leaves the bucket as it was; the request that stores takes it."""
-    api = custom_api(import_rate_per_minute=0.01, import_rate_burst=1, max_message_chars=100)
+    """Every import spends a token, a refused one too (its body was read and
+    parsed), and a throttled one is refused before its body is read: an
+    invalid body cannot be sent again and again at no cost."""
+    api = custom_api(import_rate_per_minute=0.01, import_rate_burst=2)
     user_id, auth = api.new_user()
-    too_long = with_message(role="user", content="x" * 101)
-    for _ in range(3):
-        r = await api.post("/sessions/import", json=too_long, headers=auth)
-        assert_error(r, 413, "payload_too_large")
     r = await api.post("/sessions/import", json=with_message(created_at="noon"), headers=auth)
     assert_error(r, 422, "validation_error")
-
-    await import_(api, auth, {"sessions": [plain_session(2)]})  # the one token
-    r = await api.post("/sessions/import", json={"sessions": [plain_session(2, start=5)]},
-                       headers=auth)  # fmt: skip
+    await import_(api, auth, {"sessions": [plain_session(2)]})
+    for body in (with_message(created_at="noon"), {"sessions": [plain_session(2, start=5)]}):
+        r = await api.post("/sessions/import", json=body, headers=auth)
+        assert_error(r, 429, "rate_limited")
+        assert r.headers["connection"] == "close"  # the rest of the body is not read
+    # Refused before the body is read: one that is not even JSON is a 429 too.
+    r = await api.post(
+        "/sessions/import",
+        content=b"{not json",
+        headers={**auth, "Content-Type": "application/json"},
+    )
     assert_error(r, 429, "rate_limited")
     (count,) = admin.execute(
         "select count(*) from public.chat_sessions where user_id = %s", (user_id,)
     ).fetchone()
-    assert count == 1  # the refused one stored nothing
+    assert count == 1  # the refused ones stored nothing
+
+
+# ------------------------------------------------------------ expired sessions
+
+
+async def test_an_expired_sessions_id_imports_anew(
+    api: ApiClient, admin: psycopg.Connection
+) -> None:
+    """An expired session is gone for every purpose, whether or not the
+    cleanup has deleted it yet: importing its id imports, and the cleanup
+    then leaves the imported session alone."""
+    user_id, auth = api.new_user()
+    first = await import_(api, auth, {"sessions": [plain_session(2, id=SESSION)]})
+    assert first["imported_sessions"] == 1
+    admin.execute(
+        "update public.chat_sessions set expires_at = now() - interval '1 minute'"
+        " where id = %s and user_id = %s",
+        (SESSION, user_id),
+    )
+    again = await import_(api, auth, {"sessions": [plain_session(4, start=60, id=SESSION)]})
+    assert (again["imported_sessions"], again["skipped_sessions"]) == (1, 0)
+    assert again["sessions"][0] == {"session_id": SESSION, "status": "imported", "messages": 4}
+    rows = stored_messages(admin, SESSION)
+    assert [r[1] for r in rows] == [f"message {i} of a session at 60" for i in range(4)]
+    (live,) = admin.execute(
+        "select expires_at > now() from public.chat_sessions where id = %s and user_id = %s",
+        (SESSION, user_id),
+    ).fetchone()
+    assert live
+
+
+# ------------------------------------------------------------ the quota
+
+
+async def test_an_import_past_the_quota_is_refused_whole(
+    custom_api: Build, admin: psycopg.Connection
+) -> None:
+    """USER_MAX_STORED_MESSAGES: an import that would take the user past it
+    stores nothing (413 quota_exceeded naming the limit), across all of its
+    transactions; the messages of sessions already stored are not counted
+    again, so a retry of a partly stored import completes."""
+    api = custom_api(user_max_stored_messages=10)
+    user_id, auth = api.new_user()
+    sessions = [plain_session(4, start=10 * i, title=f"s{i}") for i in range(3)]
+    r = await api.post("/sessions/import", json={"sessions": sessions}, headers=auth)
+    detail = assert_error(r, 413, "quota_exceeded")["detail"]
+    assert "limit of 10 stored messages" in detail and "USER_MAX_STORED_MESSAGES" in detail
+    (count,) = admin.execute(
+        "select count(*) from public.chat_message_history where user_id = %s", (user_id,)
+    ).fetchone()
+    assert count == 0
+    # Two sessions (8 messages) fit; then the whole request again: only the
+    # third is new, and it does not fit either.
+    await import_(api, auth, {"sessions": sessions[:2]})
+    r = await api.post("/sessions/import", json={"sessions": sessions}, headers=auth)
+    assert_error(r, 413, "quota_exceeded")
+    again = await import_(api, auth, {"sessions": sessions[:2]})  # nothing new: fits
+    assert again["imported_sessions"] == 0
+    stats = (await api.get("/chat/stats", headers=auth)).json()
+    assert stats["storage"] == {"stored_messages": 8, "max_stored_messages": 10}
+
+
+async def test_the_databases_quota_holds_whatever_the_api_allows(
+    custom_api: Build, admin: psycopg.Connection
+) -> None:
+    """memchat.limits.max_stored_messages holds too: the lower of the two applies."""
+    api = custom_api(user_max_stored_messages=1_000)
+    _, auth = api.new_user()
+    admin.execute("update memchat.limits set max_stored_messages = 5")
+    try:
+        r = await api.post("/sessions/import", json={"sessions": [plain_session(6)]}, headers=auth)
+        assert "limit of 5 stored" in assert_error(r, 413, "quota_exceeded")["detail"]
+        stats = (await api.get("/chat/stats", headers=auth)).json()
+        assert stats["storage"] == {"stored_messages": 0, "max_stored_messages": 5}
+    finally:
+        admin.execute("update memchat.limits set max_stored_messages = default")
+
+
+async def test_other_requests_are_answered_while_a_large_import_is_read(
+    api: ApiClient,
+) -> None:
+    """A large body is parsed and validated off the event loop: a GET /health
+    sent while an invalid 10 MB import is being read is answered before it."""
+    _, auth = api.new_user()
+    sessions = [plain_session(100, start=i) for i in range(300)]
+    for session in sessions:
+        for message in session["messages"]:
+            message["content"] += " lorem ipsum" * 20
+    sessions[-1]["messages"][-1]["created_at"] = "bad"
+    body = json.dumps({"sessions": sessions}).encode()
+    assert len(body) > 10_000_000
+    done: list[str] = []
+
+    async def send_import() -> None:
+        r = await api.post(
+            "/sessions/import", content=body, headers={**auth, "Content-Type": "application/json"}
+        )
+        assert_error(r, 422, "validation_error")
+        done.append("import")
+
+    async def send_health() -> None:
+        r = await api.get("/health")
+        assert r.status_code == 200
+        done.append("health")
+
+    importing = asyncio.create_task(send_import())
+    await asyncio.sleep(0)  # the import goes first
+    await asyncio.gather(importing, send_health())
+    assert done == ["health", "import"]

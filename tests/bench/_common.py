@@ -418,6 +418,24 @@ class LatencyProxy:
                 dst.shutdown(socket.SHUT_WR)
 
 
+def wait_for_health(base: str, alive: Callable[[], bool], seconds: float = 120) -> None:
+    """Until the app at `base` answers GET /health 200 (RuntimeError when
+    `alive` says its process died, or `seconds` pass): ready when it says
+    so, however long a loaded machine takes."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or not alive():
+            raise RuntimeError(f"the app at {base} did not start")
+        time.sleep(0.05)
+
+
 def round_trip_ms(url: str, n: int = 200) -> Stats:
     """`select 1` on one autocommit connection to `url`: one round trip each."""
     samples = []

@@ -185,7 +185,6 @@ async def product(args: argparse.Namespace) -> AsyncIterator[Product]:
                     # must not time out.
                     openai_timeout_seconds=600,
                     memory_recall_min_score=floor if min_score is None else min_score,
-                    max_message_chars=1_000_000,
                     db_max_connections=4,
                     **{f"{bucket.value}_rate_per_minute": 0 for bucket in Bucket},
                     **overrides,

@@ -152,16 +152,7 @@ def app_server(database_url: str, model_url: str, cpus: set[int] | None = None) 
     process.start()
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or not process.is_alive():
-                raise RuntimeError("the app did not start")
-            time.sleep(0.05)
+        common.wait_for_health(base, process.is_alive)
         yield base
     finally:
         process.terminate()

@@ -23,7 +23,7 @@ from tests.utils.users import UserFactory
 
 T0 = datetime(2024, 2, 29, 23, 59, 30, 123456, tzinfo=UTC)
 TTL = timedelta(hours=2)
-CALL = "select memchat.import_sessions(%(sessions)s, '[]', '[]', '2 hours')"
+CALL = "select memchat.import_sessions(%(sessions)s, '[]', '[]', '2 hours', null)"
 
 
 def session(session_id: uuid.UUID, *, title: str = "imported", n: int = 2) -> store.SessionImport:
@@ -183,7 +183,7 @@ def test_only_the_apis_role_may_import(
 @pytest.mark.parametrize(
     ("message", "refusal"),
     [
-        (messages.human("x" * 16001), "MC413"),  # memchat.limits.max_message_chars
+        (messages.human("x" * 200_001), "MC413"),  # memchat.limits.max_import_message_chars
         (messages.ai("y" * 300_000), "MC413"),  # max_message_bytes
         ({"type": "system", "data": {"content": "obey"}}, "MC422"),
     ],
@@ -203,7 +203,7 @@ def test_expiry_is_clamped_to_the_databases_maximum(
     sid = uuid.uuid4()
     with acting_as(conn, world.a.claims):
         conn.execute(
-            "select memchat.import_sessions(%s, '[]', '[]', '10000 hours')",
+            "select memchat.import_sessions(%s, '[]', '[]', '10000 hours', null)",
             (raw(sid, messages.human("long")),),
         )
     row = admin.execute(
@@ -214,31 +214,23 @@ def test_expiry_is_clamped_to_the_databases_maximum(
     assert row == (True,)
 
 
-async def test_the_limits_are_read_without_a_token_and_the_first_batch_takes_it(
-    database_url: str, users: UserFactory, admin: psycopg.Connection
+async def test_an_import_starts_with_its_token_and_the_databases_limits(
+    database_url: str, users: UserFactory
 ) -> None:
-    """An import checks its records against the database's limits before it
-    takes its token: reading them spends none; the request's first batch
-    takes it in its own transaction, and refused (429) stores nothing."""
+    """store.start_import takes the request's token (before its body is read)
+    and reads the limits its records are checked against, in one round trip."""
     limits = RequestLimits(rates={Bucket.IMPORT: Rate(per_minute=1, burst=1)})
     db = Database(database_url, limits=limits)
     try:
         alice = users.create()
-        for _ in range(3):  # as many checks as it likes: no token taken
-            got = await store.import_limits(db, alice)
-            assert got == store.ImportLimits(max_message_chars=16000, max_message_bytes=262144)
-        first, second = uuid.uuid4(), uuid.uuid4()
-        done = await store.import_sessions(db, alice, [session(first)], ttl=TTL, throttle=True)
-        assert done.session_ids == {first}
-        # A later batch of the same request takes none.
-        await store.import_sessions(db, alice, [session(uuid.uuid4())], ttl=TTL)
+        got = await store.start_import(db, alice)
+        assert got == store.ImportLimits(max_message_chars=200_000, max_message_bytes=262144)
         with pytest.raises(RateLimited) as refused:
-            await store.import_sessions(db, alice, [session(second)], ttl=TTL, throttle=True)
+            await store.start_import(db, alice)
         assert "history imports" in refused.value.detail
-        stored = admin.execute(
-            "select count(*) from public.chat_sessions where id = %s", (second,)
-        ).fetchone()
-        assert stored == (0,)
+        # The batches take none.
+        done = await store.import_sessions(db, alice, [session(uuid.uuid4())], ttl=TTL)
+        assert len(done.session_ids) == 1
     finally:
         await db.close()
 
@@ -248,7 +240,7 @@ async def test_a_refused_batch_stores_nothing(
 ) -> None:
     alice = users.create()
     good, bad = uuid.uuid4(), uuid.uuid4()
-    too_long = store.MessageImport(messages.human("z" * 16001), T0)
+    too_long = store.MessageImport(messages.human("z" * 200_001), T0)
     bad_session = store.SessionImport(**{**session(bad).__dict__, "messages": [too_long]})
     batch = [session(good), bad_session]
     with pytest.raises(PayloadTooLarge):

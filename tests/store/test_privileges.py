@@ -348,7 +348,7 @@ LIMITS = {
     "a user message over the limit": (
         "insert into public.chat_message_history (session_id, user_id, message) values"
         " (%(a_session)s, %(a)s, jsonb_build_object('type', 'human',"
-        " 'data', jsonb_build_object('content', repeat('x', 16001))))",
+        " 'data', jsonb_build_object('content', repeat('x', 200001))))",
         TOO_LARGE,
     ),
     "a 3 MB answer": (

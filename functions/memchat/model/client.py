@@ -313,9 +313,11 @@ class ModelClient:
         return vector
 
     async def embed_many(self, texts: list[str], kind: EmbeddingKind) -> list[list[float]]:
-        """The embeddings of `texts` as `kind`s, in their order: one request.
+        """The embeddings of `texts` as `kind`s, in their order: one request,
+        or several in turn when they are more than a provider takes in one
+        (EMBEDDING_REQUEST_INPUTS texts, EMBEDDING_REQUEST_CHARS characters).
 
-        As `embed`, but the call is bounded by OPENAI_TIMEOUT_SECONDS (a batch
+        As `embed`, but each call is bounded by OPENAI_TIMEOUT_SECONDS (a batch
         is many texts; nobody waits for it); the provider's answers are put
         in the texts' order by their `index`. Every failure, a blank text
         among them included, is `EmbeddingUnavailable` (logged).
@@ -326,11 +328,12 @@ class ModelClient:
             blank = next((i for i, text in enumerate(inputs) if not text.strip()), None)
             if blank is not None:
                 raise EmbeddingUnavailable(f"text {blank} of the batch is empty")
-            if not inputs:
-                return []
-            return await self._request(
-                self._batch_embedder(), inputs, len(inputs), settings.openai_timeout_seconds
-            )
+            vectors: list[list[float]] = []
+            for part in _request_parts(inputs):
+                vectors += await self._request(
+                    self._batch_embedder(), part, len(part), settings.openai_timeout_seconds
+                )
+            return vectors
         except EmbeddingUnavailable as exc:
             logger.warning(
                 "embeddings unavailable: %s",
@@ -921,3 +924,17 @@ def _check_fits_jsonb(value: Any) -> None:
             stack.extend((v, depth + 1) for v in item)
         elif isinstance(item, dict):
             stack.extend((v, depth + 1) for v in item.values())
+
+
+# What one embeddings request holds at most: OpenAI takes 2,048 inputs and
+# 300,000 tokens a request (memchat.model.embedding_server a 2 MiB total).
+EMBEDDING_REQUEST_INPUTS = 2048
+EMBEDDING_REQUEST_CHARS = 1_000_000
+
+
+def _request_parts(inputs: list[str]) -> list[list[str]]:
+    """`inputs` in order, in parts of at most EMBEDDING_REQUEST_INPUTS texts
+    and EMBEDDING_REQUEST_CHARS characters (a longer text alone)."""
+    from memchat.packing import packed
+
+    return list(packed(inputs, len, EMBEDDING_REQUEST_CHARS, count=EMBEDDING_REQUEST_INPUTS))

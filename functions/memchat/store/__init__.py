@@ -66,8 +66,8 @@ if TYPE_CHECKING:
         NotesImport,
         SessionImport,
         SummaryImport,
-        import_limits,
         import_sessions,
+        start_import,
     )
     from memchat.store.notes import (
         delete_notes,
@@ -109,7 +109,13 @@ if TYPE_CHECKING:
         summary_lag,
         summary_source,
     )
-    from memchat.store.turns import load_context, record_turn, release_claim, stored_turn
+    from memchat.store.turns import (
+        load_context,
+        open_turn,
+        record_turn,
+        release_claim,
+        stored_turn,
+    )
 
 # Imported on first use (PEP 562): a process loads only the store modules it
 # calls (the chat function none of the exports', cleanup's or analytics'),
@@ -168,11 +174,12 @@ _WHERE = {
     "embeddings_pending": "memchat.store.backfill",
     "has_embeddings": "memchat.store.embeddings",
     "expire_sessions_batch": "memchat.store.cleanup",
-    "import_limits": "memchat.store.imports",
+    "start_import": "memchat.store.imports",
     "import_sessions": "memchat.store.imports",
     "list_sessions": "memchat.store.sessions",
     "load_context": "memchat.store.turns",
     "next_xid": "memchat.store.cleanup",
+    "open_turn": "memchat.store.turns",
     "notes_versions": "memchat.store.notes",
     "probe": "memchat.store.cleanup",
     "purge_expired_claims": "memchat.store.cleanup",
@@ -276,12 +283,12 @@ __all__ = [
     "embeddings_pending",
     "expire_sessions_batch",
     "has_embeddings",
-    "import_limits",
     "import_sessions",
     "list_sessions",
     "load_context",
     "next_xid",
     "notes_versions",
+    "open_turn",
     "probe",
     "purge_expired_claims",
     "purge_idle_rate_buckets",
@@ -300,6 +307,7 @@ __all__ = [
     "session_stats",
     "set_feedback",
     "snapshot",
+    "start_import",
     "stored_embedding_dimensions",
     "stored_turn",
     "summary_done",

@@ -34,6 +34,7 @@ from memchat.errors import (
     MemchatError,
     NotesConflict,
     PayloadTooLarge,
+    QuotaExceeded,
     RateLimited,
     Unauthorized,
 )
@@ -48,9 +49,9 @@ if TYPE_CHECKING:
 # The role every user request runs as (migration *_least_privilege.sql).
 REQUEST_ROLE = "memchat_user"
 
-# `set local role` + the claims + the request's timeouts (+ UTC timestamps in
-# JSON built by the database), in one statement. Supabase's auth.uid() and
-# auth.role() read the legacy per-claim settings first: they are set per
+# `set local role` + the claims + the request's timeouts and stored-messages
+# quota (+ UTC timestamps in JSON built by the database), in one statement.
+# Supabase's auth.uid() and auth.role() read the legacy per-claim settings first: they are set per
 # transaction too, so a value left on a pooled server connection can never
 # stand in for the caller.
 SET_CLAIMS = (
@@ -61,6 +62,7 @@ SET_CLAIMS = (
     "set_config('request.jwt.claim', '', true), "
     "set_config('statement_timeout', %(statement_timeout)s, true), "
     "set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, true), "
+    "set_config('memchat.max_stored_messages', %(max_stored)s, true), "
     "set_config('timezone', 'UTC', true)"
 )
 
@@ -68,11 +70,14 @@ SET_CLAIMS = (
 @dataclass(frozen=True)
 class RequestLimits:
     """What every user request's transaction is held to: its timeouts
-    (DB_STATEMENT_TIMEOUT_MS, DB_IDLE_IN_TRANSACTION_TIMEOUT_MS) and the
+    (DB_STATEMENT_TIMEOUT_MS, DB_IDLE_IN_TRANSACTION_TIMEOUT_MS), the
+    messages a user may store (USER_MAX_STORED_MESSAGES: the database's
+    memchat.max_stored_messages() takes the lower of it and its own) and the
     rates of the throttles (memchat.throttle)."""
 
     statement_timeout_ms: int = 15_000
     idle_in_transaction_timeout_ms: int = 60_000
+    max_stored_messages: int = 100_000
     rates: Mapping[Bucket, Rate] = field(default_factory=dict)
 
     @classmethod
@@ -82,6 +87,7 @@ class RequestLimits:
         return cls(
             statement_timeout_ms=settings.db_statement_timeout_ms,
             idle_in_transaction_timeout_ms=settings.db_idle_in_transaction_timeout_ms,
+            max_stored_messages=settings.user_max_stored_messages,
             rates=rates(settings),
         )
 
@@ -105,6 +111,7 @@ def claims_params(
         "claim_role": str(claims.get("role", "")),
         "statement_timeout": str(limits.statement_timeout_ms),
         "idle_timeout": str(limits.idle_in_transaction_timeout_ms),
+        "max_stored": str(limits.max_stored_messages),
     }
 
 
@@ -129,6 +136,7 @@ def _require_user(row: tuple[Any, ...] | None) -> None:
 # Raised by the migrations' SQL functions and triggers.
 NOTES_CONFLICT_SQLSTATE = "MC409"
 TOO_LARGE_SQLSTATE = "MC413"
+QUOTA_SQLSTATE = "MCQTA"  # DETAIL: the limit
 NOT_ALLOWED_SQLSTATE = "MC422"
 
 
@@ -138,6 +146,9 @@ def translate(exc: psycopg.Error) -> Exception:
     the throttle, a missing permission; else the error itself."""
     if exc.sqlstate == NOTES_CONFLICT_SQLSTATE:
         return NotesConflict()
+    if exc.sqlstate == QUOTA_SQLSTATE:
+        detail = exc.diag.message_detail or ""
+        return QuotaExceeded(int(detail) if detail.isdigit() else 0)
     if exc.sqlstate == TOO_LARGE_SQLSTATE:
         return PayloadTooLarge("A value is larger than the database allows; shorten it.")
     if exc.sqlstate == NOT_ALLOWED_SQLSTATE or isinstance(exc, psycopg.errors.CheckViolation):

@@ -1,11 +1,12 @@
 """History import: the caller's imported sessions, a batch per transaction.
 
-`import_limits` reads the database's limits that an import checks before
-it stores anything; `import_sessions` stores one batch (memchat.import_sessions,
-migration *_import.sql) in one round trip, all or nothing, skipping every
-session whose id the caller already has; the request's first batch also
-takes its token from the caller's `import` bucket (refused: nothing stored),
-so a request refused by those checks spends none.
+`start_import` takes the request's token from the caller's `import` bucket
+(before the body is even read: a refused request costs next to nothing) and
+reads the database's limits that an import checks before it stores
+anything; `import_sessions` stores one batch (memchat.import_sessions,
+migration *_stored_messages_quota.sql) in one round trip, all or nothing,
+skipping every session the caller already has live; the request's first
+batch also checks the caller's quota for the whole request.
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ from memchat.store.db import Database, translate
 from memchat.store.records import Caller
 from memchat.throttle import Bucket
 
-_LIMITS = "select l.max_message_chars, l.max_message_bytes from memchat.limits l"
-_IMPORT = "select memchat.import_sessions(%s::jsonb, %s::jsonb, %s::jsonb, %s)"
+_LIMITS = "select l.max_import_message_chars, l.max_message_bytes from memchat.limits l"
+_IMPORT = "select memchat.import_sessions(%s::jsonb, %s::jsonb, %s::jsonb, %s, %s::jsonb)"
 
 
 @dataclass(frozen=True)
 class ImportLimits:
     """The database's limits on what one stored message may be (memchat.limits)."""
 
-    max_message_chars: int  # a user message's text
+    max_message_chars: int  # an imported message's text (max_import_message_chars)
     max_message_bytes: int  # any message, as the JSON text the database stores
 
 
@@ -86,10 +87,11 @@ class ImportedBatch:
     notes: tuple[str, ...] = ()  # the agents whose notes were stored
 
 
-async def import_limits(db: Database, caller: Caller) -> ImportLimits:
-    """The database's limits on the messages an import stores (read as the
-    caller; no token taken)."""
-    async with db.pipeline(caller.claims) as conn:
+async def start_import(db: Database, caller: Caller) -> ImportLimits:
+    """Take an import's token from the caller's `import` bucket (RateLimited
+    when there is none) and read the database's limits on the messages an
+    import stores, in one round trip."""
+    async with db.pipeline(caller.claims, throttle=Bucket.IMPORT) as conn:
         cur = conn.cursor()
         await cur.execute(_LIMITS)
     row = await cur.fetchone()
@@ -104,14 +106,15 @@ async def import_sessions(
     notes: Sequence[NotesImport] = (),
     *,
     ttl: timedelta,
-    throttle: bool = False,
+    request: Sequence[SessionImport] | None = None,
 ) -> ImportedBatch:
     """Store a batch of the caller's sessions (each id once) and notes in one
-    transaction; a session whose id the caller has, or notes of an agent the
-    caller has notes for, are left as they are. Expiry: `ttl` from now. With
-    `throttle` (a request's first batch), the transaction first takes the
-    import's token from the caller's `import` bucket (RateLimited when there
-    is none, and nothing is stored)."""
+    transaction; a session the caller has live, or notes of an agent the
+    caller has notes for, are left as they are (an expired session with the
+    same id is deleted first: it imports anew). Expiry: `ttl` from now.
+    QuotaExceeded, nothing stored, when the batch would take the caller past
+    their stored messages, or with `request` (every session of the request:
+    its first batch) when the whole request would."""
     feedback = [
         _feedback_json(session.id, ordinal, message.feedback)
         for session in sessions
@@ -123,10 +126,12 @@ async def import_sessions(
         _dumps(feedback),
         _dumps([_notes_json(n) for n in notes]),
         ttl,
+        None
+        if request is None
+        else _dumps([{"id": str(s.id), "messages": len(s.messages)} for s in request]),
     )
-    bucket = Bucket.IMPORT if throttle else None
     try:
-        async with db.pipeline(caller.claims, throttle=bucket) as conn:
+        async with db.pipeline(caller.claims) as conn:
             cur = conn.cursor()
             await cur.execute(_IMPORT, params)
     except psycopg.Error as exc:

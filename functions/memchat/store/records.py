@@ -107,6 +107,10 @@ class Limits:
     max_message_chars: int
     max_notes_chars: int
     max_session_ttl: timedelta
+    # The messages the user may store (the lower of the database's limit and
+    # USER_MAX_STORED_MESSAGES) and how many their live sessions hold now.
+    max_stored_messages: int = 2**63 - 1
+    stored_messages: int = 0
 
 
 @dataclass(frozen=True)

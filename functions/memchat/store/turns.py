@@ -158,6 +158,8 @@ def _context(result: dict[str, Any], agent_name: str, read_notes: bool) -> Conte
             max_message_chars=limits["max_message_chars"],
             max_notes_chars=limits["max_notes_chars"],
             max_session_ttl=timedelta(seconds=float(limits["max_session_ttl_seconds"])),
+            max_stored_messages=int(limits["max_stored_messages"]),
+            stored_messages=int(result["stored_messages"]),
         ),
         summary=Summary(summary["text"], int(summary["covers_until"])) if summary else None,
     )
@@ -188,6 +190,39 @@ async def stored_turn(
     return str(keyed_type), Replay(message, int(message_id), int(keyed_id))
 
 
+# The session's messages from its last user message on, newest first (at
+# most %(limit)s: a longer turn cannot be continued).
+_OPEN_TURN = """
+select h.message from public.chat_message_history h
+ where h.user_id = (select auth.uid()) and h.session_id = %(session_id)s
+   and h.id >= (select x.id from public.chat_message_history x
+                 where x.user_id = (select auth.uid()) and x.session_id = %(session_id)s
+                   and x.message->>'type' = 'human'
+                 order by x.id desc
+                 limit 1)
+ order by h.id desc
+ limit %(limit)s
+"""
+OPEN_TURN_MAX_MESSAGES = 200
+
+
+async def open_turn(db: Database, caller: Caller, session_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The session's last turn as stored (its user message first, then the
+    model's rounds), when it may be continued: it ends with a call of the
+    client's tools awaiting results. [] when the session has no such turn."""
+    params = {"session_id": session_id, "limit": OPEN_TURN_MAX_MESSAGES}
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(_OPEN_TURN, params)
+    turn = [row[0] for row in reversed(await cur.fetchall())]
+    if not turn or turn[0].get("type") != "human":
+        return []
+    calls = [m for m in turn if m.get("type") == "ai"]
+    if not calls or not calls[-1].get("data", {}).get("tool_calls"):
+        return []  # answered: its last assistant message is an answer
+    return turn
+
+
 async def release_claim(db: Database, caller: Caller, client_message_id: str) -> None:
     """Give up a turn's claim on its client_message_id (the turn failed)."""
     async with db.pipeline(caller.claims) as conn:
@@ -201,7 +236,8 @@ async def record_turn(db: Database, caller: Caller, turn: Turn) -> SessionInfo:
     `turn.new_session` the session a concurrent first turn made active.
     Raises NotesConflict when the notes changed since they were read (nothing
     is stored; re-read and retry), DuplicateClientMessage when a concurrent
-    request with the same client_message_id was stored first, PayloadTooLarge
+    request with the same client_message_id was stored first, QuotaExceeded
+    when it would take the user past their stored messages, PayloadTooLarge
     or InvalidInput when a database limit refuses it.
     """
     args = (

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from memchat import messages, store
@@ -29,6 +29,8 @@ from memchat.errors import (
     IdempotencyInFlight,
     NotesConflict,
     PayloadTooLarge,
+    QuotaExceeded,
+    UnknownToolCall,
     UpstreamTimeout,
 )
 from memchat.throttle import Bucket, Rate
@@ -76,10 +78,13 @@ class ChatRequest:
     # own instructions (its system messages), after memchat's system prompt;
     # its tools, offered beside the notes tool; and a continuation: the
     # assistant's call of a client tool and the client's results, after
-    # `message` (already stored).
+    # `message` (already stored). Once checked against the stored call
+    # (ChatService._continued), `message` and the continuation's first
+    # `stored_rounds` messages are the stored turn's, the rest the new results.
     instructions: str = ""
     tools: tuple[dict[str, Any], ...] = ()
     continuation: tuple[dict[str, Any], ...] = ()
+    stored_rounds: int = 0
 
 
 def one_session_id(named: Iterable[tuple[str, uuid.UUID | None]]) -> uuid.UUID | None:
@@ -347,6 +352,11 @@ class ChatService:
                 f"message is {len(request.message)} characters;"
                 f" the limit is {limits.max_message_chars}."
             )
+        adding = len(self._new_messages(request)) + 1  # and the answer, at least
+        if limits.stored_messages + adding > limits.max_stored_messages:
+            raise QuotaExceeded(limits.max_stored_messages, limits.stored_messages, adding)
+        if request.continuation:
+            request = await self._continued(caller, request, context)
         memory = await self._remember(caller, request, context, pending, deadline, retrieval_ms)
         if listener is not None:
             await listener.started(memory.session_id, memory.agent_name, memory.metadata())
@@ -475,18 +485,65 @@ class ChatService:
             summary_due_after=self._window(request) + self.settings.summary_trigger_messages,
         )
 
+    async def _continued(
+        self, caller: store.Caller, request: ChatRequest, context: store.Context
+    ) -> ChatRequest:
+        """The continuation as memchat stored it: the session's last turn must
+        end with a call of the client's tools that memchat made and whose
+        results are not stored yet, and the request must bring a result for
+        each of those calls (400 `unknown_tool_call` otherwise, nothing sent
+        or stored). The model is then sent the stored user message and rounds,
+        then the new results, never the client's copy of them."""
+        session = context.session
+        live = session is not None and session.expires_at > datetime.now(UTC)
+        turn = await store.open_turn(self.db, caller, session.id) if live and session else []
+        last = max(i for i, m in enumerate(request.continuation) if m["role"] == "assistant")
+        asked = [call["id"] for call in request.continuation[last].get("tool_calls") or ()]
+        # open_turn returns a turn only when its last assistant message is a call.
+        call = max((i for i, m in enumerate(turn) if m.get("type") == "ai"), default=len(turn))
+        made = [c["id"] for c in turn[call]["data"]["tool_calls"]] if turn else []
+        answered = {m["data"].get("tool_call_id") for m in turn[call + 1 :]}
+        pending = [c for c in made if c not in answered]
+        if not pending or set(asked) != set(pending):
+            unknown = next((c for c in asked if c not in pending), None)
+            raise UnknownToolCall(
+                "messages: "
+                + (
+                    f"memchat made no call {unknown[:64]!r} awaiting a result in this session"
+                    if unknown is not None
+                    else f"the call {sorted(set(pending) - set(asked))[0][:64]!r} awaits a result"
+                )
+                + "; continue the last assistant message memchat sent, with one tool"
+                " message per call."
+            )
+        results = request.continuation[last + 1 :]
+        rounds = tuple(conversation.prompt_round(m) for m in turn[1:])
+        return dataclasses.replace(
+            request,
+            message=messages.text_of(turn[0]),
+            continuation=(*rounds, *results),
+            stored_rounds=len(rounds),
+        )
+
     @staticmethod
     def _new_messages(request: ChatRequest) -> list[dict[str, Any]]:
         """What the turn stores before the model's messages: the user message,
         or a continuation's tool results (its user message is stored already)."""
         if not request.continuation:
             return [messages.human(request.message)]
-        # Only the results after the last assistant message are new: earlier
-        # rounds of the continuation were stored by the requests that made them.
-        last = max(i for i, m in enumerate(request.continuation) if m["role"] == "assistant")
+        if request.stored_rounds:
+            calls = request.continuation[: request.stored_rounds]
+            results = request.continuation[request.stored_rounds :]
+        else:
+            # Only the results after the last assistant message are new: earlier
+            # rounds of the continuation were stored by the requests that made them.
+            last = max(i for i, m in enumerate(request.continuation) if m["role"] == "assistant")
+            calls = request.continuation[last : last + 1]
+            results = request.continuation[last + 1 :]
         names = {
             call["id"]: call["function"]["name"]
-            for call in request.continuation[last].get("tool_calls") or ()
+            for message in calls
+            for call in message.get("tool_calls") or ()
         }
         return [
             messages.tool(
@@ -494,7 +551,7 @@ class ChatService:
                 tool_call_id=str(m["tool_call_id"]),
                 name=names.get(m["tool_call_id"], ""),
             )
-            for m in request.continuation[last + 1 :]
+            for m in results
         ]
 
     def _ttl(self, limits: store.Limits) -> timedelta:

@@ -17,6 +17,13 @@ the two apart (docs/api.md, "POST /v1/chat/completions"):
   tools and the client's `tool` results continue the turn that call ended
   (only the results after the last assistant message are new and stored).
 
+What reaches the model from the client is bounded (`TextBounds`): each
+message memchat sends on (the instructions, the new user message, the
+continuation's tool results) at MAX_MESSAGE_CHARS, and all of it, with the
+tool schemas, at MAX_REQUEST_CHARS (413 naming the field, the model not
+called). A continuation is checked against the call memchat stored
+(usecases/chat.py): the call and the turn it ends reach the model as stored.
+
 Fields that would change the answer if they were silently dropped (`n > 1`,
 `stop`, a JSON `response_format`, ...) are refused (400 naming the field);
 sampling hints memchat cannot pass on are ignored. `model` names the agent:
@@ -25,19 +32,22 @@ sampling hints memchat cannot pass on are ignored. `model` names the agent:
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from memchat import messages as stored_messages
 from memchat import store
 from memchat.config import AGENT_NAME_PATTERN
-from memchat.errors import BadRequest, InvalidInput, NotFound
+from memchat.errors import BadRequest, InvalidInput, NotFound, PayloadTooLarge
 from memchat.usecases.chat import ChatRequest, one_session_id
 from memchat.usecases.conversation import OWN_TOOLS
 
 if TYPE_CHECKING:
+    from memchat.config import Settings
     from memchat.store.db import Database
     from memchat.usecases.chat import ChatResult
 
@@ -91,6 +101,18 @@ _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
+class TextBounds:
+    """How much client text one request may send to the model."""
+
+    message_chars: int = 16_000  # MAX_MESSAGE_CHARS: each message sent on
+    request_chars: int = 64_000  # MAX_REQUEST_CHARS: all of it, tool schemas included
+
+    @classmethod
+    def of(cls, settings: Settings) -> TextBounds:
+        return cls(settings.max_message_chars, settings.max_request_chars)
+
+
+@dataclass(frozen=True)
 class CompletionRequest:
     """A Chat Completions request as memchat runs it."""
 
@@ -133,8 +155,11 @@ async def list_models(db: Database, caller: store.Caller) -> list[str]:
     return sorted(model_id(name) for name in names)
 
 
-def parse(body: Any, *, header_session_id: uuid.UUID | None) -> CompletionRequest:
-    """The turn a Chat Completions body asks for (400 naming what is refused)."""
+def parse(
+    body: Any, *, header_session_id: uuid.UUID | None, bounds: TextBounds = TextBounds()
+) -> CompletionRequest:
+    """The turn a Chat Completions body asks for (400 naming what is refused,
+    413 for client text past `bounds`)."""
     if not isinstance(body, dict):
         raise InvalidInput("body: must be a JSON object.")
     _refuse_fields(body)
@@ -148,6 +173,8 @@ def parse(body: Any, *, header_session_id: uuid.UUID | None) -> CompletionReques
         raise BadRequest("messages: there is no user message to answer.")
     continuation = tuple(checked[last_user + 1 :])
     _check_continuation(last_user, continuation)
+    tools = _tools(body)
+    _check_bounds(checked, last_user, tools, bounds)
     options = _options(body)
     stream = body.get("stream")
     if stream not in (None, True, False):
@@ -163,7 +190,7 @@ def parse(body: Any, *, header_session_id: uuid.UUID | None) -> CompletionReques
             for m in checked
             if m["role"] in ("system", "developer") and m["content"]
         ),
-        tools=_tools(body),
+        tools=tools,
         search_memory=_flag(options, "search_memory"),
         client_message_id=_client_message_id(options),
         continuation=continuation,
@@ -227,15 +254,16 @@ def _content(where: str, content: Any) -> str:
 
 def storable(where: str, text: str) -> str:
     """Text PostgreSQL can hold and JSON can carry: no NUL, no lone surrogate (422)."""
-    if "\x00" in text:
-        raise InvalidInput(f"{where}: must not contain NUL (U+0000) characters.")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidInput(
-            f"{where}: must not contain unpaired surrogates (U+D800 to U+DFFF)."
-        ) from None
+    storable_json(where, text)
     return text
+
+
+def storable_json(where: str, value: Any) -> Any:
+    """`storable` for any JSON value: its keys and strings (422 naming `where`)."""
+    why = stored_messages.unstorable(value)
+    if why is not None:
+        raise InvalidInput(f"{where}: {why}.")
+    return value
 
 
 def _calls(where: str, calls: Any) -> list[dict[str, Any]]:
@@ -255,11 +283,15 @@ def _calls(where: str, calls: Any) -> list[dict[str, Any]]:
                 f"{where}.tool_calls[{j}]: must have an id and a function with a name"
                 " and arguments."
             )
+        at = f"{where}.tool_calls[{j}]"
         checked.append(
             {
-                "id": call["id"],
+                "id": storable(f"{at}.id", call["id"]),
                 "type": "function",
-                "function": {"name": function["name"], "arguments": function["arguments"]},
+                "function": {
+                    "name": storable(f"{at}.function.name", function["name"]),
+                    "arguments": storable(f"{at}.function.arguments", function["arguments"]),
+                },
             }
         )
     return checked
@@ -289,6 +321,46 @@ def _check_continuation(last_user: int, continuation: tuple[dict[str, Any], ...]
         )
 
 
+def _check_bounds(
+    checked: list[dict[str, Any]],
+    last_user: int,
+    tools: tuple[dict[str, Any], ...],
+    bounds: TextBounds,
+) -> None:
+    """413 naming the field where the client text memchat sends the model
+    passes a bound: the instructions, the new user message, the
+    continuation's tool results, the tool schemas. The earlier turns the
+    client resends are not sent (memchat sends its own window), and a
+    continuation's assistant messages are replaced by the ones memchat stored."""
+    sent: list[tuple[str, int]] = []
+    for index, message in enumerate(checked):
+        role = message["role"]
+        if (
+            role in ("system", "developer")
+            or index == last_user
+            or (role == "tool" and index > last_user)
+        ):
+            where = f"messages[{index}].content"
+            length = len(message["content"] or "")
+            if length > bounds.message_chars:
+                raise PayloadTooLarge(
+                    f"{where}: {length} characters; a message may have at most"
+                    f" {bounds.message_chars} (MAX_MESSAGE_CHARS)."
+                )
+            sent.append((where, length))
+    for index, tool in enumerate(tools):
+        sent.append((f"tools[{index}]", len(json.dumps(tool, ensure_ascii=False))))
+    total = 0
+    for where, length in sent:
+        total += length
+        if total > bounds.request_chars:
+            raise PayloadTooLarge(
+                f"{where}: the text this request sends to the model reaches {total} characters"
+                f" here; one request may send at most {bounds.request_chars}"
+                " (MAX_REQUEST_CHARS)."
+            )
+
+
 def _tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
     """The client's function tools, as sent to the model ("none": none)."""
     choice = body.get("tool_choice")
@@ -316,9 +388,13 @@ def _tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
         parameters = function.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(parameters, dict):
             raise InvalidInput(f"tools[{i}].function.parameters: must be a JSON Schema object.")
-        sent: dict[str, Any] = {"name": name, "parameters": parameters}
+        sent: dict[str, Any] = {
+            "name": name,
+            "parameters": storable_json(f"tools[{i}].function.parameters", parameters),
+        }
         if isinstance(function.get("description"), str):
-            sent["description"] = function["description"]
+            description = function["description"]
+            sent["description"] = storable(f"tools[{i}].function.description", description)
         if isinstance(function.get("strict"), bool):
             sent["strict"] = function["strict"]
         checked.append({"type": "function", "function": sent})

@@ -217,6 +217,34 @@ def _safe_args(call: ToolCall) -> dict[str, Any]:
         return {_RAW: call.arguments}
 
 
+def prompt_round(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored message of a turn's rounds (an assistant's calls or answer, a
+    tool's result) as the model is sent it."""
+    data = stored.get("data", {})
+    if stored.get("type") == "tool":
+        return {
+            "role": "tool",
+            "tool_call_id": str(data.get("tool_call_id", "")),
+            "content": messages.text_of(stored),
+        }
+    text = messages.text_of(stored)
+    calls = data.get("tool_calls") or []
+    if not calls:
+        return {"role": "assistant", "content": text}
+    return {
+        "role": "assistant",
+        "content": text or None,
+        "tool_calls": [
+            {
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["name"], "arguments": call_arguments(call)},
+            }
+            for call in calls
+        ],
+    }
+
+
 def call_arguments(stored_call: dict[str, Any]) -> str:
     """A stored call's arguments as JSON text again (the raw text when they
     were not a JSON object; else the same object, as JSON)."""

@@ -18,16 +18,27 @@ notes; their earlier versions are not imported: only the database writes
 that history). So an export imported into an empty account exports again as
 it was, message ids aside.
 
+How a request is read (`read_body`): its token is taken first (the route
+calls store.start_import before it reads the body, so a throttled request
+costs next to nothing), then the JSON is parsed and validated off the event
+loop, one request at a time per process, so other requests are answered
+meanwhile.
+
 How it is stored (`import_history`): under the caller's row-level security,
 in transactions of about TRANSACTION_MESSAGES messages (whole sessions: a
 session is never split), one round trip each. A session's key is its id:
 the one the file gives or, when it gives none, one derived from the session's
 content, so a session the caller already has is skipped with all its
-messages, and importing a file twice stores nothing twice. That makes a
-retry safe: when a request fails partway (the transactions before the
-failure are kept), the caller sends the same request again, and only what is
-missing is stored. Imported sessions expire SESSION_TTL_HOURS after the
-import, whatever their dates, and are never made the agent's active session.
+messages, and importing a file twice stores nothing twice (an expired
+session is gone for every purpose: one with the same id imports anew). That
+makes a retry safe: when a request fails partway (the transactions before
+the failure are kept), the caller sends the same request again, and only
+what is missing is stored. The first transaction checks the caller's quota
+(USER_MAX_STORED_MESSAGES) for the whole request: refused, nothing is
+stored. Imported sessions expire SESSION_TTL_HOURS after the import,
+whatever their dates, and are never made the agent's active session.
+Imported messages may be longer than a new turn's (IMPORT_MAX_MESSAGE_CHARS,
+not MAX_MESSAGE_CHARS): they are only stored, never sent as a new turn.
 
 Their user messages get embeddings later, from the backfill worker: each
 transaction's sessions are queued for it (store.queue_embeddings), and the
@@ -37,9 +48,11 @@ embedded).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -60,6 +73,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from memchat import messages, store
 from memchat.config import AGENT_NAME_PATTERN
 from memchat.errors import InvalidInput, PayloadTooLarge
+from memchat.packing import packed
 
 if TYPE_CHECKING:
     from memchat.config import Settings
@@ -112,21 +126,8 @@ def _session_id(value: object) -> uuid.UUID:
 def _storable(value: object) -> object:
     """Refuses what PostgreSQL cannot store in text or jsonb (NUL, lone
     surrogates), anywhere in a JSON value: keys and strings."""
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                raise PydanticCustomError("unstorable_text", UNSTORABLE)
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                raise PydanticCustomError("unstorable_text", UNSTORABLE) from None
-        elif isinstance(item, dict):
-            pending.extend(item.keys())
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
+    if messages.unstorable(value) is not None:
+        raise PydanticCustomError("unstorable_text", UNSTORABLE)
     return value
 
 
@@ -450,6 +451,38 @@ def parse_json(body: bytes | str) -> object:
         raise ValueError("nested too deeply") from None
 
 
+class NotJson(ValueError):
+    """A body that is not JSON; `not_utf8` when its bytes are not UTF-8."""
+
+    def __init__(self, not_utf8: bool) -> None:
+        super().__init__("not UTF-8" if not_utf8 else "not JSON")
+        self.not_utf8 = not_utf8
+
+
+# One body is parsed at a time per process: parsing holds the interpreter for
+# stretches (json's C decoder does not let go of it), so several at once
+# would take turns with every other request as well as with each other.
+_PARSING = threading.Lock()
+
+
+def _read_body(body: bytes) -> Document:
+    with _PARSING:
+        try:
+            parsed = parse_json(body)
+        except UnicodeDecodeError:
+            raise NotJson(not_utf8=True) from None
+        except ValueError:
+            raise NotJson(not_utf8=False) from None
+        return read_document(parsed)
+
+
+async def read_body(body: bytes) -> Document:
+    """A request's body as an import (NotJson, or read_document's 422),
+    parsed and validated in a worker thread: the event loop goes on
+    answering other requests meanwhile."""
+    return await asyncio.to_thread(_read_body, body)
+
+
 # ---------------------------------------------------------------- the import
 
 
@@ -480,19 +513,21 @@ async def import_history(
     settings: Settings,
     caller: store.Caller,
     document: Document,
+    limits: store.ImportLimits,
     agent_name: str = "default",
 ) -> ImportResult:
     """Store the document's sessions and notes for the caller (sessions that
     name no agent: `agent_name`); what the caller has already is skipped.
+    `limits`: the database's, as store.start_import read them with the
+    request's token.
 
-    413 over IMPORT_MAX_SESSIONS, IMPORT_MAX_MESSAGES_PER_SESSION, a user
-    message over MAX_MESSAGE_CHARS, a message over the database's size, notes
-    over LTM_MAX_CHARS, each naming the record; 429 out of `import` tokens.
-    Every record is checked before the request's token is taken (with the
-    first transaction), so a refused import does not spend one.
+    413 over IMPORT_MAX_SESSIONS, IMPORT_MAX_MESSAGES_PER_SESSION, a message
+    over IMPORT_MAX_MESSAGE_CHARS or the database's size, notes over
+    LTM_MAX_CHARS, each naming the record, and `quota_exceeded` when the
+    request would take the caller past USER_MAX_STORED_MESSAGES (checked
+    with the first transaction: nothing stored).
     """
     _check_counts(document, settings)
-    limits = await store.import_limits(db, caller)
     prepared = [
         _prepared(document, i, s, agent_name, settings, limits)
         for i, s in enumerate(document.sessions)
@@ -502,12 +537,13 @@ async def import_history(
     stored: set[uuid.UUID] = set()
     stored_notes: list[str] = []
     # The notes go with the first transaction (alone when there are no
-    # sessions), and so does the request's token: refused (429), it stores nothing.
-    batches = list(_batches(_first_of_each_id(prepared))) or [[]]
+    # sessions), and so does the quota's check for the whole request.
+    sessions = _first_of_each_id(prepared)
+    batches = list(_batches(sessions)) or [[]]
     for number, batch in enumerate(batches):
         first = number == 0
         done = await store.import_sessions(
-            db, caller, batch, notes if first else (), ttl=ttl, throttle=first
+            db, caller, batch, notes if first else (), ttl=ttl, request=sessions if first else None
         )
         stored |= done.session_ids
         stored_notes += done.notes
@@ -561,17 +597,7 @@ def _check_counts(document: Document, settings: Settings) -> None:
 
 def _batches(sessions: Sequence[store.SessionImport]) -> Iterator[list[store.SessionImport]]:
     """Whole sessions, about TRANSACTION_MESSAGES messages a batch."""
-    batch: list[store.SessionImport] = []
-    size = 0
-    for session in sessions:
-        weight = max(1, len(session.messages))
-        if batch and size + weight > TRANSACTION_MESSAGES:
-            yield batch
-            batch, size = [], 0
-        batch.append(session)
-        size += weight
-    if batch:
-        yield batch
+    return packed(sessions, lambda session: max(1, len(session.messages)), TRANSACTION_MESSAGES)
 
 
 def _prepared(
@@ -609,16 +635,16 @@ def _stored_messages(
     where: str, given: Sequence[Message], settings: Settings, limits: store.ImportLimits
 ) -> Iterator[store.MessageImport]:
     keys: set[str] = set()
-    max_chars = min(settings.max_message_chars, limits.max_message_chars)
+    max_chars = min(settings.import_max_message_chars, limits.max_message_chars)
     for number, item in enumerate(given):
         client_message_id = None
         feedback = None
+        if len(item.content) > max_chars:
+            raise PayloadTooLarge(
+                f"{where}[{number}].content: {len(item.content)} characters; an imported"
+                f" message may have at most {max_chars} (IMPORT_MAX_MESSAGE_CHARS)."
+            )
         if isinstance(item, UserMessage):
-            if len(item.content) > max_chars:
-                raise PayloadTooLarge(
-                    f"{where}[{number}].content: {len(item.content)} characters;"
-                    f" a user message may have at most {max_chars}."
-                )
             message = messages.human(item.content)
             key = item.metadata.client_message_id if item.metadata else None
             if key is not None and key not in keys:  # a key names one message of a session

@@ -242,10 +242,13 @@ def fit(
     within `budget` tokens.
 
     `max_window_chars` (MEMORY_MAX_CONTEXT_CHARS) also caps the window's
-    characters, dropping the oldest first (never the newest two).
+    characters, dropping the oldest first (never the newest two), and each
+    message's: a longer one (an imported document) is cut to its start.
     """
     from memchat.model.tokens import count_message
 
+    if max_window_chars is not None:
+        window = [_cut_message(m, max_window_chars) for m in window]
     result = MemoryPrompt(notes=notes, hits=list(hits), window=list(window), summary=summary)
     window_tokens = [count_message(counter, m["content"]) for m in result.window]
     block_tokens = _block_tokens(counter, result.notes, result.hits, result.summary)
@@ -286,6 +289,16 @@ def fit(
     result.truncated = bool(result.dropped)
     result.tokens = block_tokens + sum(window_tokens)
     return result
+
+
+CUT_MARK = " […]"
+
+
+def _cut_message(message: dict[str, Any], max_chars: int) -> dict[str, Any]:
+    content = message.get("content")
+    if not isinstance(content, str) or len(content) <= max_chars:
+        return message
+    return {**message, "content": content[: max_chars - len(CUT_MARK)] + CUT_MARK}
 
 
 def _block_tokens(counter: TokenCounter, notes: str, hits: Sequence[Hit], summary: str) -> int:

@@ -57,7 +57,11 @@ _COMPLETION_RESPONSES = {
         504,
         descriptions={
             400: "A field memchat refuses rather than drop (`n`, `stop`, ...), no user"
-            " message, malformed JSON (`bad_request`, `invalid_json`)",
+            " message, malformed JSON, a continuation of a call memchat did not make"
+            " (`bad_request`, `invalid_json`, `unknown_tool_call`)",
+            413: "A message sent to the model over MAX_MESSAGE_CHARS, all of them with the"
+            " tool schemas over MAX_REQUEST_CHARS (`payload_too_large`, naming the field),"
+            " or the user's stored messages at USER_MAX_STORED_MESSAGES (`quota_exceeded`)",
             404: "model names no memchat model (`model_not_found`), or the session is"
             " not the caller's (`session_not_found`)",
         },
@@ -88,7 +92,9 @@ async def create_completion(
     """A chat turn, asked and answered as OpenAI's Chat Completions: the last
     user message is the new one; memchat adds its memory and stores the turn."""
     asked = completions.parse(
-        body, header_session_id=parse_session_id(x_session_id, "X-Session-ID")
+        body,
+        header_session_id=parse_session_id(x_session_id, "X-Session-ID"),
+        bounds=completions.TextBounds.of(state.settings),
     )
     if asked.stream:
         # Imported here: most turns through /v1 are not streamed, and none

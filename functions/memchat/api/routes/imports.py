@@ -15,7 +15,7 @@ from memchat.api.schemas.imports import (
     ImportOut,
     ImportStatusOut,
 )
-from memchat.errors import BadRequest
+from memchat.errors import BadRequest, RateLimited
 from memchat.usecases import history_import
 
 router = APIRouter(tags=["sessions"])
@@ -39,7 +39,9 @@ _IMPORT_ERRORS = error_responses(
         400: "The body is not valid JSON (`invalid_json`)",
         413: "Body over IMPORT_MAX_BYTES, more sessions than IMPORT_MAX_SESSIONS, a session"
         " over IMPORT_MAX_MESSAGES_PER_SESSION, or a message or notes over their limit"
-        " (`payload_too_large`, naming it)",
+        " (`payload_too_large`, naming it); more messages than the caller may store"
+        " (`quota_exceeded`, USER_MAX_STORED_MESSAGES)",
+        429: "Out of `import` tokens (`rate_limited`): refused before the body is read",
         422: "A malformed record (`validation_error`, naming it)",
     },
 )
@@ -57,16 +59,21 @@ async def import_sessions(
     """Import conversations with their original times (sessions that name no
     agent: agent_name); sessions the caller has already are skipped, so the
     same request sent again stores nothing twice."""
+    # The token first: a throttled request is refused before its body is read.
+    try:
+        limits = await store.start_import(state.db, caller)
+    except RateLimited as exc:
+        exc.body_unread = True
+        raise
     body = await request.body()
     try:
-        parsed = history_import.parse_json(body)
-    except UnicodeDecodeError:
-        raise InvalidJson(errors.not_utf8_detail(body)) from None
-    except ValueError:
-        raise InvalidJson() from None
-    document = history_import.read_document(parsed)
+        document = await history_import.read_body(body)
+    except history_import.NotJson as exc:
+        raise (
+            InvalidJson(errors.not_utf8_detail(body)) if exc.not_utf8 else InvalidJson()
+        ) from None
     result = await history_import.import_history(
-        state.db, state.settings, caller, document, agent_name
+        state.db, state.settings, caller, document, limits, agent_name
     )
     return ImportOut.of(result)
 

@@ -54,6 +54,16 @@ class FeedbackCounts(BaseModel):
     with_comment: int
 
 
+class StorageCounts(BaseModel):
+    stored_messages: int = Field(
+        description="Messages the caller's live sessions hold, all agents (expired ones hold none)."
+    )
+    max_stored_messages: int = Field(
+        description="The most they may hold (USER_MAX_STORED_MESSAGES, or the database's lower"
+        " limit): a write past it is refused, 413 `quota_exceeded`."
+    )
+
+
 class StatsOut(BaseModel):
     agent_name: str | None = Field(description="The agent asked for; null: all agents.")
     sessions: SessionCounts
@@ -64,6 +74,7 @@ class StatsOut(BaseModel):
     first_activity_at: str | None
     last_activity_at: str | None
     avg_messages_per_session: float
+    storage: StorageCounts = Field(description="The caller's quota, whatever agent_name says.")
 
 
 class SessionStatsOut(BaseModel):

@@ -95,6 +95,9 @@ class ImportLimitsOut(BaseModel):
     max_request_bytes: int = Field(description="IMPORT_MAX_BYTES: one request's body.")
     max_sessions_per_request: int = Field(description="IMPORT_MAX_SESSIONS.")
     max_messages_per_session: int = Field(description="IMPORT_MAX_MESSAGES_PER_SESSION.")
+    max_message_chars: int = Field(
+        description="IMPORT_MAX_MESSAGE_CHARS: any one imported message's text."
+    )
 
     @classmethod
     def of(cls, settings: Settings) -> ImportLimitsOut:
@@ -102,6 +105,7 @@ class ImportLimitsOut(BaseModel):
             max_request_bytes=settings.import_max_bytes,
             max_sessions_per_request=settings.import_max_sessions,
             max_messages_per_session=settings.import_max_messages_per_session,
+            max_message_chars=settings.import_max_message_chars,
         )
 
 
