@@ -24,6 +24,7 @@ from memchat.model.client import ModelClient
 from memchat.store.db import Database
 from memchat.store.migrations import migrate
 from memchat.throttle import Bucket
+from tests.utils import embedded_postgres
 from tests.utils.analytics_data import Fresh, fresh_database
 from tests.utils.api import ApiClient
 from tests.utils.dev_server import DevServer, dev_server
@@ -32,7 +33,7 @@ from tests.utils.users import UserFactory, set_admin_conninfo
 
 
 @pytest.fixture(scope="session")
-def admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def admin_url() -> Iterator[str]:
     """The owner's (superuser's) connection: migrations, arranging and checking rows."""
     url = os.environ.get("DATABASE_URL")
     if url:
@@ -41,15 +42,11 @@ def admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
         return
     quiet_runtime_dir()
-    import pgserver
-
-    data_dir: Path = tmp_path_factory.mktemp("pgdata")
-    server = pgserver.get_server(data_dir, cleanup_mode="stop")
-    uri = server.get_uri()
-    migrate(uri)
-    set_admin_conninfo(uri)
-    yield uri
-    server.cleanup()
+    # Outside pytest's temporary directories: see tests/utils/embedded_postgres.py.
+    with embedded_postgres.private_server() as uri:
+        migrate(uri)
+        set_admin_conninfo(uri)
+        yield uri
 
 
 @pytest.fixture(scope="session")

@@ -476,7 +476,7 @@ async def test_an_unreachable_jwks_is_503_not_401(
 
 
 JWKS_FAILURES: dict[str, dict[str, Any]] = {
-    "timeout": {"delay": 1.0},
+    "timeout": {"delay": 6.0},
     "500": {"status": 500},
     "502": {"status": 502},
     "503": {"status": 503, "body": b'{"message": "upstream unavailable"}'},
@@ -500,7 +500,9 @@ async def test_signing_keys_that_cannot_be_fetched_are_503_until_they_can(
     user_id: uuid.UUID,
     failure: dict[str, Any],
 ) -> None:
-    api = jwks_apps(jwks_timeout=0.3)
+    # Short enough for the slow case, long enough for the fetch once the keys
+    # are back on a loaded machine.
+    api = jwks_apps(jwks_timeout=3.0)
     token = es256.sign(claims_for(user_id, iss=issuer(jwks)))
     for name, value in failure.items():
         setattr(jwks, name, value)

@@ -74,7 +74,11 @@ async def test_interleaved_requests_of_two_users_over_one_server_connection(
             str(caller.user_id),
         )
         assert session_owners == message_owners == [caller.user_id]
-        await store.record_turn(single_db, caller, turn(own, exchange(f"{name} q{i}", "ok")))
+        # Every message names its user: whichever rounds of the same user ran
+        # before this one, what it loads is that user's and no one else's.
+        await store.record_turn(
+            single_db, caller, turn(own, exchange(f"{name} q{i}", f"{name} ok"))
+        )
         listed = await store.list_sessions(single_db, caller, agent_name=None, limit=10)
         assert [s.id for s in listed] == [own]
 
@@ -132,7 +136,7 @@ async def a_users_whole_flow(api: ApiClient, name: str, model: FakeOpenAI) -> di
         name in everything.text and ("bob" if name == "alice" else "alice") not in everything.text
     )
     gone = await api.delete("/memory", headers=auth)
-    assert gone.status_code == 200 and gone.json() == {"deleted": True}
+    assert gone.status_code == 200 and gone.json()["deleted"] == 1, gone.text
     erased = await api.delete("/me", headers=auth)
     assert erased.status_code == 200, erased.text
     return {"user_id": user_id, "session_id": sid}

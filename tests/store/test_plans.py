@@ -150,9 +150,9 @@ async def test_a_turn_plans_only_the_clients_statements(
 
 
 @pytest.fixture(scope="module")
-def postgres_16(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def postgres_16() -> Iterator[str]:
     """A PostgreSQL 16 server with the migrations applied: its owner's URI."""
-    with postgres16(tmp_path_factory.mktemp("pg16") / "data") as uri:
+    with postgres16() as uri:  # its own directory: tests/utils/postgres16.py says why
         migrate(uri)
         yield uri
 

@@ -144,7 +144,8 @@ def at(day: dt.date, hh_mm: str) -> dt.datetime:
 def utc_today(conn: psycopg.Connection) -> dt.date:
     row = conn.execute("select (now() at time zone 'UTC')::date").fetchone()
     assert row is not None
-    return row[0]
+    today: dt.date = row[0]
+    return today
 
 
 class Recorder:

@@ -4,6 +4,7 @@ with every address but 127.0.0.1 sent to a closed port."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,9 +16,13 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
+from tests.utils.processes import wait_ready
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
-WAIT = 30  # seconds, for anything a page does
+# Seconds, for anything a page does: a check that holds ends the wait at once,
+# so this only bounds a page that never gets there, on a loaded machine too.
+WAIT = 60
 
 ARGUMENTS = (
     "--headless=new",
@@ -39,6 +44,33 @@ ARGUMENTS = (
     "--no-pings",
     "--dns-prefetch-disable",
 )
+
+
+class Chromedriver(Service):
+    """Debian's chromedriver, its output in `log`, started once its /status
+    says it is ready for a session: selenium's own start gives up after a
+    fixed number of polls, however busy the machine is."""
+
+    def __init__(self, log: Path) -> None:
+        super().__init__(executable_path=str(CHROMEDRIVER), log_output=str(log))
+        self.log = log
+
+    def output(self) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return f"{self.log}:\n{text}"
+
+    def start(self) -> None:
+        self._start_process(self.path)
+        try:
+            wait_ready(
+                self.is_connectable,
+                self.process,
+                self.output,
+                f"chromedriver on {self.service_url}",
+            )
+        except BaseException:
+            self.stop()
+            raise
 
 
 @contextmanager
@@ -66,11 +98,13 @@ def chromium(downloads: Path | None = None) -> Iterator[WebDriver]:
             },
         )
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    with tempfile.TemporaryDirectory(prefix="memchat-chromedriver-") as logs:
+        service = Chromedriver(Path(logs) / "chromedriver.log")
+        driver = webdriver.Chrome(service=service, options=options)
+        try:
+            yield driver
+        finally:
+            driver.quit()
 
 
 def wait(driver: WebDriver, what: str, check: Any) -> Any:

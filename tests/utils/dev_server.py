@@ -25,7 +25,7 @@ from pathlib import Path
 
 from memchat import devdb
 from tests.utils.fake_openai import FakeOpenAI
-from tests.utils.processes import free_port, stop, wait_healthy
+from tests.utils.processes import STARTUP_SECONDS, free_port, stop, wait_healthy
 
 MEMCHAT = [sys.executable, "-m", "memchat.cli"]
 JWT_SECRET = "dev-server-test-secret-" + "d" * 32
@@ -55,7 +55,8 @@ class DevServer:
             capture_output=True,
             text=True,
             check=True,
-            timeout=60,
+            # A fresh interpreter's imports, on a loaded machine too.
+            timeout=STARTUP_SECONDS,
         ).stdout.strip()
 
     def output(self) -> str:

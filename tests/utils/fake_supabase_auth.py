@@ -229,6 +229,7 @@ def _handler(auth: FakeSupabaseAuth) -> type[BaseHTTPRequestHandler]:
             query = {k: v[-1] for k, v in parse_qs(url.query).items()}
             path = url.path.removeprefix(PREFIX)
             auth.requests.append((method, path, query.get("grant_type", "")))
+            body: dict[str, Any] | None
             if auth.failing:
                 status, body = _error(500, "unexpected_failure", "Unexpected failure")
             elif self.headers.get("apikey") != ANON_KEY:

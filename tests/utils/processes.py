@@ -1,4 +1,5 @@
-"""Servers the tests start as processes: a free port, waiting for health, stopping."""
+"""Servers the tests start as processes: a free port, waiting until one says
+it is ready, stopping."""
 
 from __future__ import annotations
 
@@ -6,8 +7,14 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
+
+# How long a server may take to say it is ready. A server that is ready ends
+# the wait at once, so this only bounds one that never gets there: long
+# enough for a first start (initdb, imports) on a loaded CI machine.
+STARTUP_SECONDS = 180.0
 
 
 def free_port() -> int:
@@ -17,26 +24,51 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_ready(
+    ready: Callable[[], bool],
+    process: subprocess.Popen[Any] | None,
+    output: Callable[[], str],
+    what: str,
+    timeout: float = STARTUP_SECONDS,
+) -> None:
+    """Poll `ready()` until it is true; fail with the server's `output` if
+    `process` exits first or `ready()` is still false after `timeout` s.
+
+    `ready` asks the server itself (an endpoint that answers, a line it
+    printed, a connection through it), never the clock; it is asked once
+    more after the deadline, so a server slowed down by the machine is not
+    failed for the time it took to poll it.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"{what} exited ({process.returncode}):\n{output()}")
+        if ready():
+            return
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what} was not ready within {timeout:g} s:\n{output()}")
+        time.sleep(0.05)
+
+
+def answers_health(url: str) -> bool:
+    """Whether `url` + /health answers 200 (as Lambda's web adapter checks)."""
+    try:
+        # A server that answers, slowly, on a loaded machine is healthy.
+        return httpx.get(f"{url}/health", timeout=10).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def wait_healthy(
     url: str,
     process: subprocess.Popen[bytes],
     output: Callable[[], str],
     what: str,
-    timeout: float = 60,
+    timeout: float = STARTUP_SECONDS,
 ) -> None:
     """Poll `url` + /health until 200 (as Lambda's web adapter does); fail with
     the server's `output` if it exits or stays unhealthy for `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"{what} exited ({process.returncode}):\n{output()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"{what} did not answer on /health within {timeout:g} s:\n{output()}")
+    wait_ready(lambda: answers_health(url), process, output, f"{what} on {url}/health", timeout)
 
 
 def stop(process: subprocess.Popen[bytes], timeout: float = 15) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.utils.dev_server import MEMCHAT, DevServer
+from tests.utils.processes import STARTUP_SECONDS
 
 AGENT = "cli"
 PROMPT = "you> "
@@ -39,7 +40,8 @@ class Chat:
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        self.wait_for(lambda out: out.endswith(PROMPT), "the first prompt")
+        # Its first prompt says it started: the imports, the server's answer.
+        self.wait_for(lambda out: out.endswith(PROMPT), "the first prompt", STARTUP_SECONDS)
         # The session it shows: "new session <id>" or "(resumed session <id>: ...)".
         found = re.search(r"session ([0-9a-f-]{36})", self.output)
         assert found, self.output
@@ -64,7 +66,7 @@ class Chat:
         self.proc.stdin.write(line.encode() + b"\n")
         self.proc.stdin.flush()
 
-    def wait_for(self, ready: Callable[[str], bool], what: str, timeout: float = 30) -> str:
+    def wait_for(self, ready: Callable[[str], bool], what: str, timeout: float = 60) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             output = self.output
