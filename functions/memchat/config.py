@@ -202,6 +202,11 @@ class Settings(BaseModel):
     # turn (POST /chat and POST /v1/chat/completions); a request's own
     # `search_memory` (/v1: `memchat.search_memory`) decides for itself.
     search_memory_tool: bool = False
+    # Suggested follow-ups with every answer (POST /chat and /v1; a request's
+    # `suggest`, /v1 `memchat.suggest`, decides for itself): up to three
+    # questions the user might send next, one more model call a turn, never
+    # stored (usecases/suggestions.py).
+    suggestions: bool = False
     # Embeddings come from any OpenAI-compatible `POST /embeddings`: this
     # model (recorded with every stored embedding: vectors of different
     # models are never compared), at EMBEDDING_BASE_URL with EMBEDDING_API_KEY

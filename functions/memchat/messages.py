@@ -260,12 +260,11 @@ def read_facts(content: str, count: int) -> list[tuple[int, str]] | None:
     message, each once; an item naming no message of the prompt, or no text,
     is left out. A cut answer (its token budget spent) keeps its whole items.
     None: no item can be read at all (not JSON, another shape)."""
+    from memchat.prompts import answer_json
+
     text = content.strip()
     items: list[Any] | None = None
-    try:
-        parsed = json.loads(text[text.find("{") : text.rfind("}") + 1] if "{" in text else text)
-    except ValueError:
-        parsed = None
+    parsed = answer_json(text)
     if isinstance(parsed, dict) and isinstance(parsed.get("facts"), list):
         items = parsed["facts"]
     elif isinstance(parsed, dict) and "fact" in parsed:  # one item alone

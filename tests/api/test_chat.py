@@ -672,7 +672,9 @@ async def test_response_shape_is_the_contracts(api: ApiClient, model: FakeOpenAI
         "session",
         "message_id",
         "user_message_id",
+        "suggestions",
     }
+    assert body["suggestions"] is None  # not asked for
     assert body["answer"] == "echo: hello"
     assert body["agent_name"] == "default"
     assert body["model"] == "fake-model"
@@ -926,3 +928,24 @@ async def test_search_memory_must_be_a_boolean(
     assert "search_memory" in body["detail"]
     assert model.calls == 0
     assert snapshot(admin, user_id)["chat_sessions"] == []
+
+
+async def test_the_sampling_fields_reach_the_model(custom_api, model):
+    """POST /chat takes the sampling fields /v1 does: sent to the model,
+    max_tokens capped at OPENAI_MAX_TOKENS."""
+    api = custom_api(openai_max_tokens=300)
+    _, auth = api.new_user()
+    body = {"message": "hi", "max_tokens": 1000, "temperature": 0.1, "stop": "END", "seed": 3}
+    r = await api.post("/chat", json=body, headers=auth)
+    assert r.status_code == 200, r.text
+    sent = model.requests[-1]
+    assert (sent["max_tokens"], sent["temperature"], sent["stop"], sent["seed"]) == (
+        300,
+        0.1,
+        ["END"],
+        3,
+    )
+    assert "top_p" not in sent and "presence_penalty" not in sent
+    for field, value in (("temperature", 3), ("max_tokens", 0), ("stop", ["a"] * 5), ("seed", "1")):
+        r = await api.post("/chat", json={"message": "hi", field: value}, headers=auth)
+        assert r.status_code == 422 and field in r.json()["detail"], r.text

@@ -10,7 +10,9 @@ is shown to carry the earlier exchange.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from typing import Any
 
 import openai
@@ -208,3 +210,99 @@ async def test_langchain_async(dev: DevServer, dev_model: FakeOpenAI) -> None:
     answer = await llm.ainvoke("What colour is my bike?")
     assert answer.content == "Red."
     assert saw_earlier_turn(dev_model.requests[-1], "My bike is red.", "echo: My bike is red.")
+
+
+# ------------------------------------------------- chat front ends' calls
+
+
+def chat_of(request: dict[str, Any]) -> set[str]:
+    """Which chats ("alpha", "beta") the user and assistant messages of a
+    model request come from (the memory block left out)."""
+    return {text.split(":")[1].strip() if text.startswith("echo:") else text.split(":")[0]
+            for _, text in conversation(request)}  # fmt: skip
+
+
+async def test_two_chats_at_once_each_keep_their_own_session(
+    dev: DevServer, dev_model: FakeOpenAI
+) -> None:
+    """As Open WebUI calls with forwarded user info headers: each chat sends
+    its id and its whole history on every call, with max_tokens and a
+    temperature. Two chats of one user, at once, never share a window."""
+    client = openai.AsyncOpenAI(base_url=f"{dev.url}/v1", api_key=dev.token(), max_retries=0)
+    chats = {"alpha": str(uuid.uuid4()), "beta": str(uuid.uuid4())}
+
+    async def talk(name: str) -> set[str]:
+        history: list[dict[str, str]] = []
+        sessions = set()
+        for turn in range(3):
+            history.append({"role": "user", "content": f"{name}: message {turn}"})
+            raw = await client.chat.completions.with_raw_response.create(
+                model="memchat",
+                messages=history,  # type: ignore[arg-type]
+                max_tokens=64,
+                temperature=0.3,
+                extra_headers={"X-OpenWebUI-Chat-Id": chats[name]},
+            )
+            answer = raw.parse().choices[0].message.content or ""
+            history.append({"role": "assistant", "content": answer})
+            sessions.add(raw.headers["x-memchat-session-id"])
+        return sessions
+
+    try:
+        alpha, beta = await asyncio.gather(talk("alpha"), talk("beta"))
+    finally:
+        await client.close()
+    assert alpha == {chats["alpha"]} and beta == {chats["beta"]}
+    assert len(dev_model.requests) == 6
+    for request in dev_model.requests:
+        assert len(chat_of(request)) == 1, conversation(request)
+        assert (request["max_tokens"], request["temperature"]) == (64, 0.3)
+
+
+def test_a_chat_that_names_no_id_is_found_by_its_history(
+    dev: DevServer, dev_model: FakeOpenAI
+) -> None:
+    """A client that resends its history and names no chat (LibreChat
+    without its conversation header, Continue): the chat goes on in the
+    session that stored its last answer, and its window is its own
+    exchanges as memchat stored them, never another chat's."""
+    client = client_for(dev)
+    histories: dict[str, list[dict[str, str]]] = {"alpha": [], "beta": []}
+
+    def say(name: str, text: str) -> str:
+        history = histories[name]
+        history.append({"role": "user", "content": f"{name}: {text}"})
+        raw = client.chat.completions.with_raw_response.create(model="memchat", messages=history)  # type: ignore[arg-type]
+        history.append(
+            {"role": "assistant", "content": raw.parse().choices[0].message.content or ""}
+        )
+        return str(raw.headers["x-memchat-session-id"])
+
+    say("alpha", "one")
+    say("alpha", "two")
+    say("beta", "one")  # no history: the agent's active session, as any such call
+    say("beta", "two")
+    assert chat_of(dev_model.requests[-1]) == {"beta"}
+    say("alpha", "three")
+    assert chat_of(dev_model.requests[-1]) == {"alpha"}
+    assert ("user", "alpha: two") in conversation(dev_model.requests[-1])
+
+
+def test_sdk_follow_ups_whole_and_streamed(dev: DevServer, dev_model: FakeOpenAI) -> None:
+    client = client_for(dev)
+    question = [{"role": "user", "content": "Tell me about tea"}]
+    whole = client.chat.completions.create(
+        model="memchat",
+        messages=question,
+        extra_body={"memchat": {"suggest": True}},  # type: ignore[arg-type]
+    )
+    offered = (whole.model_extra or {})["memchat"]["suggestions"]
+    assert offered == [f"{w} about Tell me about tea?" for w in ("Why", "How", "When")]
+    stream = client.chat.completions.create(
+        model="memchat",
+        messages=question,  # type: ignore[arg-type]
+        stream=True,
+        extra_body={"memchat": {"suggest": True}},
+    )
+    found = [(chunk.model_extra or {}).get("memchat", {}).get("suggestions") for chunk in stream]
+    assert [f for f in found if f] == [offered]

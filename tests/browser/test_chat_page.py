@@ -24,7 +24,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from tests.utils.browser import WAIT, chromium, wait
-from tests.utils.dev_server import DevServer
+from tests.utils.dev_server import DevServer, dev_server
 from tests.utils.fake_openai import FakeOpenAI, tool_call
 
 RATED_ANSWER = "Oolong can be steeped several times, a little longer each time."
@@ -579,3 +579,40 @@ def test_icon_thumbs_and_counts_need_no_emoji_font_and_no_404(
     assert loaded == 200
     missing = [e for e in browser.get_log("browser") if "404" in e["message"]]
     assert missing == [], missing
+
+
+@pytest.fixture(scope="module")
+def offline_dev(admin_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
+    """`memchat dev` with no model key: the offline responder answers (and
+    suggests follow-ups, which `memchat dev` shows then unless SUGGESTIONS=0)."""
+    with dev_server(admin_url, tmp_path_factory.mktemp("offline-dev")) as running:
+        yield running
+
+
+def test_suggested_follow_ups_are_buttons_that_send_them(
+    browser: WebDriver, offline_dev: DevServer, admin: psycopg.Connection
+) -> None:
+    token = offline_dev.token()
+    open_page(browser, f"{offline_dev.url}/#token={token}")
+    send(browser, "I am planning a trip to Lisbon in spring")
+    wait(browser, "the suggestions", lambda d: texts(d, ".suggestions .suggestion"))
+    offered = texts(browser, ".suggestions .suggestion")
+    assert len(offered) == 3 and all("Lisbon" in text for text in offered), offered
+    browser.find_elements(By.CSS_SELECTOR, ".suggestions .suggestion")[0].click()
+    wait(
+        browser,
+        "the follow-up's answer",
+        lambda d: (
+            len(texts(d, ".msg.assistant")) == 2
+            and not d.find_elements(By.CSS_SELECTOR, ".msg.assistant.streaming")
+        ),
+    )
+    assert texts(browser, ".msg.user .text") == [
+        "I am planning a trip to Lisbon in spring",
+        offered[0],
+    ]
+    # Never stored as messages: the session holds the two turns only.
+    assert stored_messages(admin, session_id(browser)) == 4
+    # The follow-up's own follow-ups: never the question just sent.
+    wait(browser, "new suggestions", lambda d: texts(d, ".suggestions .suggestion"))
+    assert offered[0] not in texts(browser, ".suggestions .suggestion")

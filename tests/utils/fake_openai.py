@@ -23,6 +23,12 @@ log (`embedding_requests`, and the Authorization header each came with in
 embedding must never take a chat reply, and `calls`/`requests` count chat
 completions only. By default it answers with memchat's local embedder
 (`memchat.model.embeddings.local_embedding`), honouring `dimensions`.
+
+Requests for suggested follow-ups (memchat.prompts.suggestions: a turn makes
+one beside its answer, at the same time) have their own script too
+(`script_suggestions`) and log (`suggestion_requests`), for the same reason;
+by default each is answered with three questions about the conversation's
+last user message (`suggested`).
 """
 
 from __future__ import annotations
@@ -87,6 +93,8 @@ class FakeOpenAI:
         self.embedding_authorizations: list[str | None] = []
         self._script: deque[dict[str, Any]] = deque()
         self._embedding_script: deque[dict[str, Any]] = deque()
+        self.suggestion_requests: list[dict[str, Any]] = []
+        self._suggestion_script: deque[dict[str, Any]] = deque()
         self._lock = threading.Lock()
         self._connections: set[Any] = set()  # open client connections
         fake = self
@@ -118,6 +126,10 @@ class FakeOpenAI:
                     fake.embedding_authorizations.append(self.headers.get("authorization"))
                     reply = fake._next(fake.embedding_requests, fake._embedding_script, body)
                     status, content_type, data = fake._respond_embeddings(body, reply)
+                elif _asks_for_suggestions(body):
+                    reply = fake._next(fake.suggestion_requests, fake._suggestion_script, body)
+                    reply = {"content": suggested(body), **reply}
+                    status, content_type, data = fake._respond(self.path, body, reply)
                 else:
                     reply = fake._next(fake.requests, fake._script, body)
                     streamed = body.get("stream") is True
@@ -158,8 +170,7 @@ class FakeOpenAI:
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
     def script(self, *replies: dict[str, Any]) -> None:
         """Queue replies, one per request, each a dict of:
@@ -213,10 +224,17 @@ class FakeOpenAI:
         with self._lock:
             self._embedding_script.extend(replies)
 
+    def script_suggestions(self, *replies: dict[str, Any]) -> None:
+        """Queue replies to suggestions requests, as `script`'s ({}: `suggested`)."""
+        with self._lock:
+            self._suggestion_script.extend(replies)
+
     def reset(self) -> None:
         with self._lock:
             self._script.clear()
             self.requests.clear()
+            self._suggestion_script.clear()
+            self.suggestion_requests.clear()
             self._embedding_script.clear()
             self.embedding_requests.clear()
             self.embedding_authorizations.clear()
@@ -380,7 +398,8 @@ def _completion(body: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
         message["content"] = reply.get("content")
         message["tool_calls"] = reply["tool_calls"]
     else:
-        last_user = next((m for m in reversed(body["messages"]) if m.get("role") == "user"), {})
+        messages = reversed(body["messages"])
+        last_user: dict[str, Any] = next((m for m in messages if m.get("role") == "user"), {})
         message["content"] = reply.get("content", f"echo: {last_user.get('content', '')}")
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -468,3 +487,22 @@ def _json(payload: Any) -> bytes:
     # ensure_ascii (the default) writes lone surrogates as \udXXX escapes,
     # which is how a real server's JSON would carry them.
     return json.dumps(payload).encode()
+
+
+def _asks_for_suggestions(body: dict[str, Any]) -> bool:
+    from memchat.prompts import suggestions
+
+    first = (body.get("messages") or [{}])[0]
+    return first.get("role") == "system" and first.get("content") == suggestions.INSTRUCTIONS
+
+
+def suggested(body: dict[str, Any]) -> str:
+    """The default answer to a suggestions request: three questions naming
+    the quoted conversation's last user message."""
+    from memchat.prompts import suggestions
+
+    said = suggestions.conversation_of(str(body["messages"][-1].get("content", "")))
+    last = next((text for role, text in reversed(said) if role == "user"), "")
+    return json.dumps(
+        {"suggestions": [f"{which} about {last}?" for which in ("Why", "How", "When")]}
+    )

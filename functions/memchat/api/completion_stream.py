@@ -5,9 +5,10 @@ it comes, keep-alive comments, the turn finished and stored even when the
 client leaves); only the writing differs: `data: {chunk}` events with no
 event names, the opening chunk carrying the role (and memchat's report of
 the memory loaded), one chunk per piece of the answer, the client's tool
-calls, a closing chunk with the finish reason, a usage chunk when
-`stream_options.include_usage` asks for one, then `data: [DONE]`. A failure
-after the start is an `error` chunk in OpenAI's shape.
+calls, a closing chunk with the finish reason, when the turn asked for them
+a chunk with no choices whose `memchat.suggestions` are its follow-ups, a
+usage chunk when `stream_options.include_usage` asks for one, then `data:
+[DONE]`. A failure after the start is an `error` chunk in OpenAI's shape.
 """
 
 from __future__ import annotations
@@ -103,7 +104,16 @@ class ChunkStream(sse.EventStream):
                 memchat=completions.memchat_info(result),
             )
         )
-        if self._completion.include_usage:
-            chunks.append(self._chunk([], usage=completions.usage(result)))
-        chunks.append(DONE)
         return b"".join(chunks)
+
+    def encode_suggestions(self, suggestions: list[str]) -> bytes:
+        return self._chunk([], memchat={"suggestions": suggestions})
+
+    def encode_end(self, result: ChatResult) -> bytes:
+        # The usage chunk last before [DONE], as OpenAI sends it.
+        usage = (
+            self._chunk([], usage=completions.usage(result))
+            if self._completion.include_usage
+            else b""
+        )
+        return usage + DONE

@@ -2,8 +2,10 @@
 
 Events: `start` (the memory loaded), `delta` (a piece of the answer),
 `notes` (the memory tool changed the notes), then `done` (the body the
-non-streaming POST /chat returns) or `error` (the error JSON); a
-`: keep-alive` comment after STREAM_KEEPALIVE_SECONDS without an event.
+non-streaming POST /chat returns) or `error` (the error JSON), and after
+`done`, when the turn asked for them, `suggestions` (its follow-ups, made
+once the answer was written); a `: keep-alive` comment after
+STREAM_KEEPALIVE_SECONDS without an event.
 
 Every event is sent as its own body chunk the moment it exists: nothing is
 buffered here. When the client goes away the turn still runs to its end
@@ -13,6 +15,7 @@ Lambda invocation is not frozen under a turn half-done.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -27,11 +30,14 @@ from starlette.types import Receive, Scope, Send
 from memchat.api.errors import error_body
 from memchat.usecases.chat import ChatResult
 from memchat.usecases.streaming import StreamedTurn, TurnEvent
+from memchat.usecases.suggestions import settled
 
 logger = logging.getLogger(__name__)
 
 MEDIA_TYPE = "text/event-stream"
 KEEP_ALIVE = b": keep-alive\n\n"
+# A streamed turn's follow-ups wait at most this long after `done`.
+SUGGESTIONS_WAIT_SECONDS = 20.0
 
 
 def _event(name: str, description: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -86,6 +92,15 @@ EVENT_SCHEMA: dict[str, Any] = {
             },
         ),
         _event("done", "The turn is stored: the non-streaming body.", _ref("ChatResponse")),
+        _event(
+            "suggestions",
+            "After `done`, when asked for: up to 3 follow-up questions (never stored).",
+            {
+                "type": "object",
+                "required": ["suggestions"],
+                "properties": {"suggestions": {"type": "array", "items": {"type": "string"}}},
+            },
+        ),
         _event("error", "The turn failed after it started; nothing was stored.", _ref("ErrorOut")),
     ]
 }
@@ -139,6 +154,7 @@ class EventStream(Response):
         self._start = start
         self._done = done
         self._keepalive = keepalive_seconds
+        self._pending: asyncio.Task[list[str]] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -156,7 +172,12 @@ class EventStream(Response):
                     await self._body(send, self.encode_error(item), last=True)
                     return
                 else:
-                    await self._body(send, self.encode_done(item), last=True)
+                    await self._body(send, self.encode_done(item))
+                    pending = self._pending = item.pending_suggestions
+                    if pending is not None:
+                        follow_ups = await settled(pending, SUGGESTIONS_WAIT_SECONDS)
+                        await self._body(send, self.encode_suggestions(follow_ups))
+                    await self._body(send, self.encode_end(item), last=True)
                     return
         except OSError:
             # The client is gone (ASGI 2.4 servers raise on send); the turn goes on.
@@ -165,6 +186,8 @@ class EventStream(Response):
             # Also when cancelled (servers on older ASGI cancel on disconnect).
             with anyio.CancelScope(shield=True):
                 await self._turn.finished()
+            if self._pending is not None:
+                self._pending.cancel()  # sent, or nobody is left to send them to
 
     # How the events are written (POST /v1/chat/completions writes them as
     # OpenAI's chunks: api/completion_stream.py); b"" sends nothing.
@@ -177,6 +200,12 @@ class EventStream(Response):
 
     def encode_done(self, result: ChatResult) -> bytes:
         return frame("done", self._done(result))
+
+    def encode_suggestions(self, suggestions: list[str]) -> bytes:
+        return frame("suggestions", {"suggestions": suggestions})
+
+    def encode_end(self, result: ChatResult) -> bytes:
+        return b""
 
     @staticmethod
     async def _body(send: Send, chunk: bytes, *, last: bool = False) -> None:

@@ -135,6 +135,9 @@ def _dev(args: argparse.Namespace, sock: socket.socket, run: _DevRun) -> int:
     overrides: dict[str, Any] = {"db_max_connections": 10, "database_url": _api_url(url)}
     if not os.environ.get("OPENAI_API_KEY"):
         overrides["offline_model"] = True
+        # The offline responder's follow-ups cost nothing: shown unless SUGGESTIONS says no.
+        if "SUGGESTIONS" not in {name.upper() for name in os.environ}:
+            overrides["suggestions"] = True
         banner = "!" * 72
         err(
             f"\n{banner}\n  OPENAI_API_KEY is not set: answers come from the OFFLINE RESPONDER,"

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from memchat.errors import UpstreamError, UpstreamTimeout
+from memchat.model.sampling import DEFAULT as DEFAULT_SAMPLING
+from memchat.model.sampling import Sampling
 from memchat.sse_reader import Event, Item, SSEReader, UnknownLine
 
 if TYPE_CHECKING:
@@ -194,11 +196,13 @@ class ModelClient:
         *,
         allow_tools: bool = True,
         max_tokens: int | None = None,
+        sampling: Sampling | None = None,
     ) -> Completion:
         """One chat completion; maps provider failures to 502/504 errors.
 
-        The answer is at most `max_tokens` long (default OPENAI_MAX_TOKENS)."""
-        request = self._chat_request(messages, tools, allow_tools, max_tokens)
+        The answer is at most `max_tokens` long (default OPENAI_MAX_TOKENS),
+        sampled as the client chose (`sampling`, within OPENAI_MAX_TOKENS)."""
+        request = self._chat_request(messages, tools, allow_tools, max_tokens, sampling)
         with _provider_errors():
             # The raw response: its body is read below, not by the SDK (see the
             # module docstring). Status errors, timeouts and retries are the SDK's.
@@ -214,6 +218,7 @@ class ModelClient:
         *,
         allow_tools: bool = True,
         on_delta: Callable[[str], Awaitable[None]] | None = None,
+        sampling: Sampling | None = None,
     ) -> Completion:
         """One chat completion, streamed: `complete`'s answer, and its text as it comes.
 
@@ -229,7 +234,7 @@ class ModelClient:
         A stream that fails once begun is not retried: its text was passed on.
         An exception of `on_delta` propagates as it is, the stream closed.
         """
-        body = self._chat_request(messages, tools, allow_tools, None)
+        body = self._chat_request(messages, tools, allow_tools, None, sampling)
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
         with _provider_errors():
@@ -279,11 +284,13 @@ class ModelClient:
         tools: list[dict[str, Any]] | None,
         allow_tools: bool,
         max_tokens: int | None,
+        sampling: Sampling | None = None,
     ) -> dict[str, Any]:
+        cap = max_tokens or self._settings.openai_max_tokens
         kwargs: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
-            "max_tokens": max_tokens or self._settings.openai_max_tokens,
+            **(sampling or DEFAULT_SAMPLING).request_fields(cap),
         }
         if tools:
             kwargs["tools"] = tools

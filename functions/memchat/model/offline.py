@@ -42,6 +42,7 @@ from memchat.messages import (
     numbered_messages,
 )
 from memchat.model.embeddings import local_embedding
+from memchat.prompts import suggestions
 from memchat.usecases.prompt import Remembered, read_memory
 
 LABEL = "[offline responder: set OPENAI_API_KEY for real answers]"
@@ -59,6 +60,8 @@ def _reply(messages: list[dict[str, Any]]) -> dict[str, Any]:
         return {"role": "assistant", "content": _summary(messages)}
     if _system_message(messages, FACTS_INSTRUCTIONS):
         return {"role": "assistant", "content": _facts_written(messages)}
+    if _system_message(messages, suggestions.INSTRUCTIONS):
+        return {"role": "assistant", "content": _follow_ups(messages)}
     last = messages[-1] if messages else {}
     if last.get("role") == "tool":
         return {"role": "assistant", "content": f"{LABEL} Noted, I will remember that."}
@@ -262,6 +265,27 @@ def _facts_written(messages: list[dict[str, Any]]) -> str:
         for sentence in fact_sentences(said)
     ]
     return json.dumps({"facts": facts})
+
+
+def _follow_ups(messages: list[dict[str, Any]]) -> str:
+    """Stand-in follow-ups, in the JSON asked for: questions about the words
+    the user's last message is about (its longest words, from the end)."""
+    said = suggestions.conversation_of(str(messages[-1].get("content", "")) if messages else "")
+    question = next((text for role, text in reversed(said) if role == "user"), "")
+    words = [w.strip(".,!?;:\"'()") for w in question.split()]
+    unique = list(dict.fromkeys(w for w in words if len(w) > 3))
+    topic = " ".join(sorted(unique, key=len, reverse=True)[:2])
+    if not topic:
+        return json.dumps({"suggestions": []})
+    return json.dumps(
+        {
+            "suggestions": [
+                f"Tell me more about {topic}?",
+                f"What should I remember about {topic}?",
+                f"What else is related to {topic}?",
+            ]
+        }
+    )
 
 
 def _system_message(messages: list[dict[str, Any]], preamble: str) -> str:

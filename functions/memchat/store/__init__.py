@@ -99,7 +99,14 @@ if TYPE_CHECKING:
         Turn,
         Unembedded,
     )
-    from memchat.store.sessions import active_session, agent_names, clear_session, list_sessions
+    from memchat.store.sessions import (
+        ChatHistory,
+        active_session,
+        agent_names,
+        chat_of_history,
+        clear_session,
+        list_sessions,
+    )
     from memchat.store.stats import chat_stats, session_stats
     from memchat.store.summaries import (
         claim_due_summaries,
@@ -122,6 +129,7 @@ if TYPE_CHECKING:
 # and none at import; memchat.snapstart loads them before a snapshot.
 _WHERE = {
     "Caller": "memchat.store.records",
+    "ChatHistory": "memchat.store.sessions",
     "Cleared": "memchat.store.records",
     "Context": "memchat.store.records",
     "Database": "memchat.store.db",
@@ -155,6 +163,7 @@ _WHERE = {
     "active_session": "memchat.store.sessions",
     "adopt_unknown_embeddings": "memchat.store.embeddings",
     "agent_names": "memchat.store.sessions",
+    "chat_of_history": "memchat.store.sessions",
     "chat_stats": "memchat.store.stats",
     "claim_due_summaries": "memchat.store.summaries",
     "claim_embeddings": "memchat.store.backfill",
@@ -231,6 +240,7 @@ SUBMODULES = frozenset(
 
 __all__ = [
     "Caller",
+    "ChatHistory",
     "Cleared",
     "Context",
     "Database",
@@ -264,6 +274,7 @@ __all__ = [
     "active_session",
     "adopt_unknown_embeddings",
     "agent_names",
+    "chat_of_history",
     "chat_stats",
     "claim_due_summaries",
     "claim_embeddings",

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from psycopg import sql
 
@@ -164,3 +167,39 @@ async def agent_names(db: Database, caller: Caller) -> list[str]:
         cur = conn.cursor()
         await cur.execute(_AGENT_NAMES)
     return [str(row[0]) for row in await cur.fetchall()]
+
+
+@dataclass(frozen=True)
+class ChatHistory:
+    """A resent chat as memchat stored it: the session holding its last
+    answer (None: no live session of the agent holds it), and the stored
+    question and answer of each of its exchanges found there, oldest first."""
+
+    session_id: uuid.UUID | None
+    messages: list[dict[str, Any]]
+
+
+async def chat_of_history(
+    db: Database,
+    caller: Caller,
+    agent_name: str,
+    exchanges: Sequence[tuple[str | None, str]],
+    limit: int,
+) -> ChatHistory:
+    """The session of a chat a client resends (`exchanges`: its (question,
+    answer) pairs, oldest first; a question None when the answer has none
+    before it), found by its last answer after the same question, and the
+    last `limit` of its exchanges found in that session (memchat.chat_of_history)."""
+    questions = [question for question, _ in exchanges]
+    answers = [answer for _, answer in exchanges]
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(
+            "select memchat.chat_of_history(%s, %s, %s, %s)",
+            (agent_name, questions, answers, limit),
+        )
+    row = await cur.fetchone()
+    assert row is not None
+    found: dict[str, Any] = row[0]
+    session_id = found["session_id"]
+    return ChatHistory(uuid.UUID(session_id) if session_id else None, list(found["messages"]))

@@ -33,9 +33,12 @@ from memchat.errors import (
     UnknownToolCall,
     UpstreamTimeout,
 )
+from memchat.model.sampling import DEFAULT as DEFAULT_SAMPLING
+from memchat.model.sampling import Sampling
 from memchat.throttle import Bucket, Rate
 from memchat.usecases import conversation, memory_search, prompt
 from memchat.usecases.recall import NOT_RECALLED, PendingRecall, Recall, Recalled
+from memchat.usecases.suggestions import FollowUps
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -85,6 +88,15 @@ class ChatRequest:
     tools: tuple[dict[str, Any], ...] = ()
     continuation: tuple[dict[str, Any], ...] = ()
     stored_rounds: int = 0
+    # How the answer is sampled (max_tokens within OPENAI_MAX_TOKENS, ...).
+    sampling: Sampling = DEFAULT_SAMPLING
+    # The window, given: a chat the client resent, as memchat stored it
+    # (usecases/completions.py), instead of the session's last messages
+    # (another chat may share the session); no summary then. None: the
+    # session's own.
+    window: tuple[dict[str, Any], ...] | None = None
+    # Suggested follow-ups with the answer (None: SUGGESTIONS decides).
+    suggest: bool | None = None
 
 
 def one_session_id(named: Iterable[tuple[str, uuid.UUID | None]]) -> uuid.UUID | None:
@@ -113,6 +125,10 @@ class ChatResult:
     user_message_id: int | None = None
     # Calls of the client's tools the turn ended with (POST /v1/chat/completions).
     tool_calls: list[ToolCall] = field(default_factory=list)
+    # Suggested follow-ups (usecases/suggestions.py; None: not asked for), or,
+    # for a streamed turn, the task making them (sent after the answer).
+    suggestions: list[str] | None = None
+    pending_suggestions: asyncio.Task[list[str]] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -294,12 +310,12 @@ class ChatService:
                     caller,
                     session_id=request.session_id,
                     agent_name=request.agent_name,
-                    window=self._window(request),
+                    window=0 if request.window is not None else self._window(request),
                     client_message_id=request.client_message_id,
                     message=self._keyed_text(request),
                     throttle=self._throttle,
                     claim_seconds=self.settings.turn_timeout_seconds + _CLAIM_MARGIN_SECONDS,
-                    read_max=self._read_max(request),
+                    read_max=0 if request.window is not None else self._read_max(request),
                 )
             except IdempotencyInFlight:
                 if loop.time() + pause > deadline:
@@ -347,6 +363,58 @@ class ChatService:
         """Recall, fit memory to the budget, run the model and store the turn."""
         limits = context.limits
         assert limits is not None
+        request = await self._admitted(caller, request, context, limits)
+        memory = await self._remember(caller, request, context, pending, deadline, retrieval_ms)
+        if listener is not None:
+            await listener.started(memory.session_id, memory.agent_name, memory.metadata())
+        follow_ups = None
+        if self._suggests(request):
+            follow_ups = FollowUps.begin(
+                self.model, memory.fitted.window, request.message, streamed=listener is not None
+            )
+        notes_limit = min(self.settings.ltm_max_chars, limits.max_notes_chars)
+        model_started = time.perf_counter()
+        try:
+            outcome = await self._with_deadline(
+                deadline,
+                conversation.converse(
+                    self.model,
+                    self._prompt(memory, request),
+                    notes=memory.notes.notes,
+                    notes_limit=notes_limit,
+                    max_rounds=self.settings.max_tool_rounds,
+                    listener=listener,
+                    client_tools=request.tools,
+                    search=memory_search.searcher(self.recall, caller, memory.agent_name)
+                    if self._offers_search(request)
+                    else None,
+                    sampling=request.sampling,
+                ),
+            )
+            model_ms = (time.perf_counter() - model_started) * 1000
+            result = await self._store(
+                caller, request, context, memory, outcome, pending, notes_limit, model_ms
+            )
+        except BaseException:
+            if follow_ups is not None:
+                follow_ups.cancel()
+            raise
+        if follow_ups is not None and not result.replayed:
+            result.suggestions, result.pending_suggestions = await follow_ups.settle(
+                outcome.answer, ended_with_calls=bool(outcome.client_calls)
+            )
+        return result
+
+    async def _admitted(
+        self,
+        caller: store.Caller,
+        request: ChatRequest,
+        context: store.Context,
+        limits: store.Limits,
+    ) -> ChatRequest:
+        """The request, if the database's limits let it be stored (413 over
+        max_message_chars, or past the user's stored messages: before the
+        model is called), a continuation as memchat stored it."""
         if len(request.message) > limits.max_message_chars:
             raise PayloadTooLarge(
                 f"message is {len(request.message)} characters;"
@@ -356,28 +424,21 @@ class ChatService:
         if limits.stored_messages + adding > limits.max_stored_messages:
             raise QuotaExceeded(limits.max_stored_messages, limits.stored_messages, adding)
         if request.continuation:
-            request = await self._continued(caller, request, context)
-        memory = await self._remember(caller, request, context, pending, deadline, retrieval_ms)
-        if listener is not None:
-            await listener.started(memory.session_id, memory.agent_name, memory.metadata())
-        notes_limit = min(self.settings.ltm_max_chars, limits.max_notes_chars)
-        model_started = time.perf_counter()
-        outcome = await self._with_deadline(
-            deadline,
-            conversation.converse(
-                self.model,
-                self._prompt(memory, request),
-                notes=memory.notes.notes,
-                notes_limit=notes_limit,
-                max_rounds=self.settings.max_tool_rounds,
-                listener=listener,
-                client_tools=request.tools,
-                search=memory_search.searcher(self.recall, caller, memory.agent_name)
-                if self._offers_search(request)
-                else None,
-            ),
-        )
-        model_ms = (time.perf_counter() - model_started) * 1000
+            return await self._continued(caller, request, context)
+        return request
+
+    async def _store(
+        self,
+        caller: store.Caller,
+        request: ChatRequest,
+        context: store.Context,
+        memory: TurnMemory,
+        outcome: Outcome,
+        pending: PendingRecall,
+        notes_limit: int,
+        model_ms: float,
+    ) -> ChatResult:
+        """Store the answered turn (with its embedding); the turn's result."""
         messages.annotate_answer(
             outcome.answer_message,
             latency_ms=model_ms,
@@ -388,6 +449,8 @@ class ChatService:
             outcome.answer_message["data"]["response_metadata"]["memchat"]["search_memory"] = (
                 outcome.searches
             )
+        limits = context.limits
+        assert limits is not None
         turn = self._turn_to_store(request, context, memory, outcome, limits)
         if not request.continuation:  # a continuation's user message is stored already
             turn.embedding = await pending.embedding_to_store(caller, memory.recalled)
@@ -396,9 +459,10 @@ class ChatService:
             session = await self._record(caller, turn, outcome.edits, notes_limit)
         except DuplicateClientMessage:
             # A concurrent retry with the same client_message_id was stored first.
+            retrieval_ms = memory.retrieval_ms
             return await self._stored_answer(caller, request, memory.session_id, retrieval_ms)
         timings = {
-            "retrieval_ms": retrieval_ms,
+            "retrieval_ms": memory.retrieval_ms,
             "recall_ms": memory.recalled.ms,
             "model_ms": model_ms,
             "record_ms": (time.perf_counter() - record_started) * 1000,
@@ -418,6 +482,11 @@ class ChatService:
             tool_calls=outcome.client_calls,
         )
 
+    def _suggests(self, request: ChatRequest) -> bool:
+        """Whether the answer carries suggested follow-ups: the request's
+        `suggest`, else SUGGESTIONS."""
+        return self.settings.suggestions if request.suggest is None else request.suggest
+
     def _prompt(self, memory: TurnMemory, request: ChatRequest) -> list[dict[str, Any]]:
         return _with_client_parts(memory.prompt(self.system_prompt, request.message), request)
 
@@ -435,6 +504,10 @@ class ChatService:
         session = context.session
         agent_name = session.agent_name if session else request.agent_name
         notes = context.notes or store.Notes(agent_name, "", 0, None)
+        summary = context.summary
+        window = context.messages
+        if request.window is not None:
+            window, summary = list(request.window)[-self._window(request) :], None
         recalled = await self._with_deadline(
             deadline,
             pending.finish(
@@ -442,12 +515,10 @@ class ChatService:
                 session_id=session.id if session else request.session_id,
                 agent_name=agent_name,
                 window=self._window(request),
-                previous=context.messages,
+                previous=window,
             ),
         )
-        summary = context.summary
-        window = context.messages
-        if request.continuation:
+        if request.continuation and request.window is None:
             # The turn being continued (its user message on) comes from the request.
             starts = [i for i, m in enumerate(window) if m.get("type") == "human"]
             window = window[: starts[-1]] if starts else window
@@ -642,7 +713,11 @@ class ChatService:
         completion = await self._with_deadline(
             deadline,
             conversation.complete(
-                self.model, prompt_, list(request.tools) or None, listener=listener
+                self.model,
+                prompt_,
+                list(request.tools) or None,
+                listener=listener,
+                sampling=request.sampling,
             ),
         )
         return ChatResult(

@@ -7,10 +7,12 @@ the two apart (docs/api.md, "POST /v1/chat/completions"):
 - the LAST `user` message is the turn's new message; it is stored, answered
   with memchat's memory (notes, recall, summary, the session's window)
   exactly as POST /chat answers it;
-- the messages before it are the client's copy of the conversation: they
-  are neither stored again nor sent to the model (memchat sends its own
-  stored window instead), so resending the whole history never duplicates
-  it in memory;
+- the messages before it are the client's copy of the conversation: never
+  stored again nor sent to the model as the client has them. They say
+  which chat this is (`resolve`): with no session or chat id, the session
+  that stored the last of their answers, and the window is those exchanges
+  as memchat stored them (so two chats sharing a session never see each
+  other's turns);
 - `system` and `developer` messages are the client's instructions: sent to
   the model after memchat's system prompt, never stored;
 - after the last user message, an `assistant` message calling the client's
@@ -24,18 +26,23 @@ tool schemas, at MAX_REQUEST_CHARS (413 naming the field, the model not
 called). A continuation is checked against the call memchat stored
 (usecases/chat.py): the call and the turn it ends reach the model as stored.
 
-Fields that would change the answer if they were silently dropped (`n > 1`,
-`stop`, a JSON `response_format`, ...) are refused (400 naming the field);
-sampling hints memchat cannot pass on are ignored. `model` names the agent:
+The sampling fields (`max_tokens` and `max_completion_tokens`, capped at
+OPENAI_MAX_TOKENS, `temperature`, `top_p`, `stop`, `seed`, the penalties)
+are sent to the model with every call of the turn. Fields that would
+change the answer's shape if they were silently dropped (`n > 1`, a JSON
+`response_format`, log probabilities, ...) are refused (400 naming the
+field); routing hints (`user`, `store`, ...) are ignored. `model` names the agent:
 `memchat` (the `default` agent) or `memchat:<agent_name>`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +50,8 @@ from memchat import messages as stored_messages
 from memchat import store
 from memchat.config import AGENT_NAME_PATTERN
 from memchat.errors import BadRequest, InvalidInput, NotFound, PayloadTooLarge
+from memchat.model import sampling
+from memchat.model.sampling import Sampling
 from memchat.usecases.chat import ChatRequest, one_session_id
 from memchat.usecases.conversation import OWN_TOOLS
 
@@ -56,36 +65,46 @@ DEFAULT_AGENT = "default"
 _AGENT = re.compile(AGENT_NAME_PATTERN)
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
-# Honoured (beside `messages`): read below.
-HONOURED = frozenset(
-    {"model", "messages", "stream", "stream_options", "tools", "tool_choice", "metadata", "memchat"}
-)
-# Ignored: sampling and routing hints memchat cannot pass on; the answer is
-# still a whole answer to the same question.
-IGNORED = frozenset(
+# How the answer is sampled: sent to the model (`max_tokens` and
+# `max_completion_tokens` within OPENAI_MAX_TOKENS).
+SAMPLING = frozenset(
     {
+        "max_tokens",
+        "max_completion_tokens",
         "temperature",
         "top_p",
+        "stop",
+        "seed",
         "presence_penalty",
         "frequency_penalty",
-        "seed",
-        "user",
-        "store",
-        "service_tier",
-        "prompt_cache_key",
-        "safety_identifier",
     }
 )
+# Honoured (beside `messages`): read below.
+HONOURED = (
+    frozenset(
+        {
+            "model",
+            "messages",
+            "stream",
+            "stream_options",
+            "tools",
+            "tool_choice",
+            "metadata",
+            "memchat",
+        }
+    )
+    | SAMPLING
+)
+# Ignored: routing and accounting hints that are the provider's business;
+# the answer is a whole answer to the same question.
+IGNORED = frozenset({"user", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
 # Refused unless absent or at their default: each would change the answer.
 # field -> (the values that are the default, why it is refused)
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "n": ((None, 1), "memchat answers with one choice; send n: 1 or leave it out"),
-    "stop": ((None, [], ""), "stop sequences are not supported"),
     "logprobs": ((None, False), "log probabilities are not supported"),
     "top_logprobs": ((None, 0), "log probabilities are not supported"),
     "logit_bias": ((None, {}), "logit_bias is not supported"),
-    "max_tokens": ((None,), "the answer's length is the server's OPENAI_MAX_TOKENS"),
-    "max_completion_tokens": ((None,), "the answer's length is the server's OPENAI_MAX_TOKENS"),
     "response_format": ((None, {"type": "text"}), "only text answers are supported"),
     "modalities": ((None, ["text"]), "only text answers are supported"),
     "audio": ((None,), "audio answers are not supported"),
@@ -120,6 +139,19 @@ class CompletionRequest:
     model: str  # as the client named it (echoed in the answer)
     stream: bool
     include_usage: bool
+    # The client's earlier exchanges, (question, answer) oldest first: how a
+    # chat that names no session is found (`resolve`).
+    history: tuple[tuple[str | None, str], ...] = ()
+
+
+# Header -> what it is: chat front ends' ids of a chat, each naming the
+# session as X-Session-ID does (any id, not only a UUID: CHAT_IDS).
+CHAT_ID_HEADERS = ("X-OpenWebUI-Chat-Id", "X-Conversation-Id")
+# The session of a chat id that is not a UUID: uuid5 of the id in this namespace.
+CHAT_IDS = uuid.UUID("6d656d63-6861-5463-8861-742d69647301")
+_CHAT_ID = re.compile(r"[\x21-\x7e]{1,256}")
+# The earlier exchanges a request's chat is matched with, at most.
+HISTORY_EXCHANGES = 50
 
 
 def agent_of(model: Any) -> str:
@@ -155,8 +187,28 @@ async def list_models(db: Database, caller: store.Caller) -> list[str]:
     return sorted(model_id(name) for name in names)
 
 
+def chat_session_id(header: str, value: str | None) -> uuid.UUID | None:
+    """The session a chat id names: the id itself when it is a UUID, else a
+    UUID made from it (sessions are per user: an id names only the
+    caller's). 400 for one that is blank or not printable ASCII."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        pass
+    if not _CHAT_ID.fullmatch(value):
+        raise BadRequest(f"{header}: must be 1 to 256 printable ASCII characters.")
+    return uuid.uuid5(CHAT_IDS, value)
+
+
 def parse(
-    body: Any, *, header_session_id: uuid.UUID | None, bounds: TextBounds = TextBounds()
+    body: Any,
+    *,
+    header_session_id: uuid.UUID | None,
+    chat_ids: Sequence[tuple[str, str | None]] = (),
+    bounds: TextBounds = TextBounds(),
 ) -> CompletionRequest:
     """The turn a Chat Completions body asks for (400 naming what is refused,
     413 for client text past `bounds`)."""
@@ -179,11 +231,11 @@ def parse(
     stream = body.get("stream")
     if stream not in (None, True, False):
         raise InvalidInput("stream: must be true or false.")
+    named = [("X-Session-ID", header_session_id), ("metadata.session_id", _metadata(body))]
+    named += [(header, chat_session_id(header, value)) for header, value in chat_ids]
     turn = ChatRequest(
         message=str(checked[last_user]["content"]),
-        session_id=one_session_id(
-            [("X-Session-ID", header_session_id), ("metadata.session_id", _metadata(body))]
-        ),
+        session_id=one_session_id(named),
         agent_name=agent_name,
         instructions="\n\n".join(
             str(m["content"])
@@ -192,15 +244,55 @@ def parse(
         ),
         tools=tools,
         search_memory=_flag(options, "search_memory"),
+        suggest=_flag(options, "suggest"),
         client_message_id=_client_message_id(options),
         continuation=continuation,
+        sampling=sampling_of(body),
     )
     return CompletionRequest(
         turn=turn,
         model=str(body["model"]),
         stream=stream is True,
         include_usage=_include_usage(body) if stream else False,
+        history=_exchanges(checked[:last_user]),
     )
+
+
+def _exchanges(earlier: list[dict[str, Any]]) -> tuple[tuple[str | None, str], ...]:
+    """The client's earlier exchanges: each assistant message with text, and
+    the user message before it (None when there is none since the last
+    answer), the last HISTORY_EXCHANGES of them."""
+    exchanges: list[tuple[str | None, str]] = []
+    question: str | None = None
+    for message in earlier:
+        if message["role"] == "user":
+            question = str(message["content"])
+        elif message["role"] == "assistant" and message["content"]:
+            exchanges.append((question, str(message["content"])))
+            question = None
+    return tuple(exchanges[-HISTORY_EXCHANGES:])
+
+
+async def resolve(
+    db: Database, caller: store.Caller, asked: CompletionRequest, window: int
+) -> CompletionRequest:
+    """The request with its chat's session, when it names none: a request
+    that resends earlier exchanges goes on in the session that stored its
+    last answer, with those exchanges as memchat stored them as its window
+    (at most `window` of them); one whose chat memchat does not know starts
+    a new session. A request with no earlier answer is left to the agent's
+    active session."""
+    if asked.turn.session_id is not None or not asked.history:
+        return asked
+    found = await store.chat_of_history(
+        db, caller, asked.turn.agent_name, asked.history, limit=window
+    )
+    turn = dataclasses.replace(
+        asked.turn,
+        session_id=found.session_id or uuid.uuid4(),
+        window=tuple(found.messages),
+    )
+    return dataclasses.replace(asked, turn=turn)
 
 
 def _refuse_fields(body: dict[str, Any]) -> None:
@@ -401,6 +493,51 @@ def _tools(body: dict[str, Any]) -> tuple[dict[str, Any], ...]:
     return tuple(checked)
 
 
+def sampling_of(body: dict[str, Any]) -> Sampling:
+    """The request's sampling fields (422 naming one out of its range)."""
+    lengths = [
+        _integer(body, name, 1, 2**31 - 1) for name in ("max_tokens", "max_completion_tokens")
+    ]
+    given = [length for length in lengths if length is not None]
+    return Sampling(
+        max_tokens=min(given) if given else None,
+        temperature=_number(body, "temperature", *sampling.TEMPERATURE),
+        top_p=_number(body, "top_p", *sampling.TOP_P),
+        stop=_stop(body.get("stop")),
+        seed=_integer(body, "seed", *sampling.SEED),
+        presence_penalty=_number(body, "presence_penalty", *sampling.PENALTY),
+        frequency_penalty=_number(body, "frequency_penalty", *sampling.PENALTY),
+    )
+
+
+def _number(body: dict[str, Any], name: str, least: float, most: float) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not least <= value <= most:
+        raise InvalidInput(f"{name}: must be a number from {least:g} to {most:g}.")
+    return float(value)
+
+
+def _integer(body: dict[str, Any], name: str, least: int, most: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        raise InvalidInput(f"{name}: must be an integer from {least} to {most}.")
+    return value
+
+
+def _stop(value: Any) -> tuple[str, ...]:
+    try:
+        stop = sampling.stop_sequences(value)
+    except ValueError as exc:
+        raise InvalidInput(f"stop: {exc}.") from None
+    return tuple(storable(f"stop[{i}]", item) for i, item in enumerate(stop))
+
+
 def _metadata(body: dict[str, Any]) -> uuid.UUID | None:
     metadata = body.get("metadata")
     if metadata is None:
@@ -423,10 +560,10 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
         return {}
     if not isinstance(options, dict):
         raise InvalidInput("memchat: must be an object.")
-    unknown = sorted(set(options) - {"search_memory", "client_message_id"})
+    unknown = sorted(set(options) - {"search_memory", "client_message_id", "suggest"})
     if unknown:
         raise InvalidInput(
-            f"memchat.{unknown[0]}: not an option; use search_memory or client_message_id."
+            f"memchat.{unknown[0]}: not an option; use search_memory, client_message_id or suggest."
         )
     return options
 
@@ -506,6 +643,7 @@ def memchat_info(result: ChatResult) -> dict[str, Any]:
         "replayed": result.replayed,
         "memory": result.memory,
         "search_memory": result.memory["search_memory"],
+        "suggestions": result.suggestions,
     }
 
 

@@ -26,6 +26,7 @@ from memchat.model import search_tool, tools
 
 if TYPE_CHECKING:
     from memchat.model.client import Completion, ModelClient, ToolCall
+    from memchat.model.sampling import Sampling
     from memchat.usecases.streaming import TurnListener
 
 # memchat's own tools, run by memchat: a round that calls only these goes on.
@@ -70,12 +71,16 @@ async def complete(
     *,
     allow_tools: bool = True,
     listener: TurnListener | None = None,
+    sampling: Sampling | None = None,
 ) -> Completion:
-    """One model call; streamed to the listener when there is one."""
+    """One model call (sampled as the client chose); streamed to the listener
+    when there is one."""
     if listener is None:
-        return await model.complete(prompt, tool_schemas, allow_tools=allow_tools)
+        return await model.complete(
+            prompt, tool_schemas, allow_tools=allow_tools, sampling=sampling
+        )
     return await model.complete_streaming(
-        prompt, tool_schemas, allow_tools=allow_tools, on_delta=listener.delta
+        prompt, tool_schemas, allow_tools=allow_tools, on_delta=listener.delta, sampling=sampling
     )
 
 
@@ -89,6 +94,7 @@ async def converse(
     listener: TurnListener | None = None,
     client_tools: tuple[dict[str, Any], ...] = (),
     search: SearchMemory | None = None,
+    sampling: Sampling | None = None,
 ) -> Outcome:
     """Ask the model, running its memory tool calls, until it answers (at most
     `max_rounds` tool rounds) or calls one of `client_tools`. `prompt` grows
@@ -103,6 +109,7 @@ async def converse(
             schemas,
             allow_tools=round_number < max_rounds,
             listener=listener,
+            sampling=sampling,
         )
         outcome.model = completion.model
         for key, value in completion.usage.items():

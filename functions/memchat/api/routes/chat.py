@@ -80,6 +80,8 @@ async def chat(
         client_message_id=body.client_message_id,
         recall_k=body.recall_k,
         search_memory=body.search_memory,
+        sampling=body.sampling(),
+        suggest=body.suggest,
     )
     if body.stream or sse.wants_stream(request.headers.get("accept")):
         turn = StreamedTurn()
@@ -119,4 +121,5 @@ def chat_response(result: ChatResult) -> ChatResponse:
         session=session,
         message_id=result.message_id,
         user_message_id=result.user_message_id,
+        suggestions=result.suggestions,
     )

@@ -88,13 +88,27 @@ async def create_completion(
     x_session_id: Annotated[
         UuidHeader, Header(description="The session, as metadata.session_id.")
     ] = None,
+    x_openwebui_chat_id: Annotated[
+        str | None,
+        Header(description="Open WebUI's chat id (forwarded user info headers): the session."),
+    ] = None,
+    x_conversation_id: Annotated[
+        str | None,
+        Header(description="A chat front end's id of the chat (e.g. LibreChat's): the session."),
+    ] = None,
 ) -> Response:
     """A chat turn, asked and answered as OpenAI's Chat Completions: the last
     user message is the new one; memchat adds its memory and stores the turn."""
     asked = completions.parse(
         body,
         header_session_id=parse_session_id(x_session_id, "X-Session-ID"),
+        chat_ids=list(
+            zip(completions.CHAT_ID_HEADERS, (x_openwebui_chat_id, x_conversation_id), strict=True)
+        ),
         bounds=completions.TextBounds.of(state.settings),
+    )
+    asked = await completions.resolve(
+        state.db, caller, asked, state.settings.memory_max_history_messages
     )
     if asked.stream:
         # Imported here: most turns through /v1 are not streamed, and none

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from memchat.api.schemas import AgentName, StoredText, UuidText, json_integer
+from memchat.model.sampling import Sampling, stop_sequences
 
 
 class ChatBody(BaseModel):
@@ -41,10 +43,54 @@ class ChatBody(BaseModel):
         description="Offer the model the search_memory tool (its calls are in"
         " `memory.search_memory`); default SEARCH_MEMORY_TOOL.",
     )
-
-    _integers = field_validator("max_history_messages", "recall_k", mode="before")(
-        staticmethod(json_integer)
+    suggest: bool | None = Field(
+        default=None,
+        strict=True,
+        description="Suggested follow-up questions with the answer (`suggestions`);"
+        " default SUGGESTIONS.",
     )
+
+    # How the answer is sampled, as POST /v1/chat/completions takes it
+    # (memchat.model.sampling): sent to the model with every call of the turn.
+    max_tokens: int | None = Field(
+        default=None, ge=1, le=2**31 - 1, description="Capped at OPENAI_MAX_TOKENS."
+    )
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    stop: StoredText | list[StoredText] | None = Field(
+        default=None, description="A stop sequence, or at most 4 of them."
+    )
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+
+    _integers = field_validator(
+        "max_history_messages", "recall_k", "max_tokens", "seed", mode="before"
+    )(staticmethod(json_integer))
+
+    @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
+    @classmethod
+    def _numbers(cls, value: Any) -> Any:
+        if isinstance(value, bool | str):
+            raise PydanticCustomError("float_type", "Input should be a valid number")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_sequences(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stop_sequences(value)
+        return value
+
+    def sampling(self) -> Sampling:
+        return Sampling(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            stop=stop_sequences(self.stop),
+            seed=self.seed,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+        )
 
 
 class Usage(BaseModel):
@@ -105,4 +151,10 @@ class ChatResponse(BaseModel):
     )
     user_message_id: int | None = Field(
         description="The stored user message's id; null when nothing was stored."
+    )
+    suggestions: list[str] | None = Field(
+        default=None,
+        description="Up to 3 follow-up questions the user might send next (`suggest`, or"
+        " SUGGESTIONS), never stored; null when not asked for, and in a stream's `done`"
+        " (a `suggestions` event follows it).",
     )

@@ -44,6 +44,27 @@ _MESSAGE = {
         "tool_call_id": {"type": "string"},
     },
 }
+_NUMBER = {"type": "number"}
+_SAMPLING: dict[str, Any] = {
+    "max_tokens": {"type": "integer", "minimum": 1, "description": "Capped at OPENAI_MAX_TOKENS."},
+    "max_completion_tokens": {
+        "type": "integer",
+        "minimum": 1,
+        "description": "Capped at OPENAI_MAX_TOKENS (the smaller of the two when both are given).",
+    },
+    "temperature": {**_NUMBER, "minimum": 0, "maximum": 2},
+    "top_p": {**_NUMBER, "minimum": 0, "maximum": 1},
+    "presence_penalty": {**_NUMBER, "minimum": -2, "maximum": 2},
+    "frequency_penalty": {**_NUMBER, "minimum": -2, "maximum": 2},
+    "seed": {"type": "integer"},
+    "stop": {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "array", "maxItems": 4, "items": {"type": "string", "minLength": 1}},
+            {"type": "null"},
+        ]
+    },
+}
 # Accepted and ignored (any value), and refused unless at their default.
 _IGNORED = {name: {"description": "Ignored."} for name in sorted(completions.IGNORED)}
 _REFUSED = {
@@ -77,8 +98,10 @@ REQUEST_SCHEMA: dict[str, Any] = {
             "properties": {
                 "search_memory": {"type": "boolean"},
                 "client_message_id": {"type": "string", "minLength": 1, "maxLength": 128},
+                "suggest": {"type": "boolean"},
             },
         },
+        **_SAMPLING,
         **_IGNORED,
         **_REFUSED,
     },
