@@ -1,4 +1,5 @@
-"""The migrations: idempotent on a fresh database, and the schema they leave.
+"""The migrations: idempotent on a fresh database, the baseline taken as
+applied where the history it squashed ran, and the schema they leave.
 
 Checks the security shape DATA.md promises: RLS on every table, nothing for
 `anon`, policies in the `(select auth.uid())` form, and user_id-led indexes
@@ -13,7 +14,13 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from memchat.store.migrations import discover, migrate
+from memchat.store.migrations import (
+    BASELINE_VERSION,
+    SQUASHED_VERSIONS,
+    MigrationError,
+    discover,
+    migrate,
+)
 from tests.utils.analytics_data import empty_database
 from tests.utils.store_data import USER_TABLES
 
@@ -47,6 +54,72 @@ def test_migrations_apply_twice_on_a_fresh_database(fresh_database: str) -> None
     assert [(v, n) for v, n, _ in recorded] == expected
     assert all(statements and statements[0].strip() for _, _, statements in recorded)
     assert sorted(t for (t,) in tables) == sorted(TABLES)
+
+
+def recorded(url: str) -> dict[str, list[str]]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "select version, statements from supabase_migrations.schema_migrations"
+        ).fetchall()
+    return dict(rows)
+
+
+def ran_the_squashed_history(url: str, versions: frozenset[str] = SQUASHED_VERSIONS) -> None:
+    """The database's records as the migrations before the baseline left
+    them, `versions` of them. Its schema stays the baseline's: the squashed
+    migrations built the same catalog (compared when they were squashed)."""
+    with psycopg.connect(url) as conn, conn.transaction():
+        conn.execute(
+            "delete from supabase_migrations.schema_migrations where version <= %s",
+            (BASELINE_VERSION,),
+        )
+        for version in sorted(versions):
+            conn.execute(
+                "insert into supabase_migrations.schema_migrations (version, statements, name)"
+                " values (%s, %s, %s)",
+                (version, ["-- the squashed migration's statements"], "squashed"),
+            )
+
+
+def test_the_baseline_replaced_the_history_before_it() -> None:
+    versions = [m.version for m in discover()]
+    assert BASELINE_VERSION in versions
+    assert SQUASHED_VERSIONS.isdisjoint(versions)
+    assert max(SQUASHED_VERSIONS) < BASELINE_VERSION
+
+
+def test_a_database_that_ran_the_squashed_history_takes_the_baseline_as_applied(
+    fresh_database: str,
+) -> None:
+    migrate(fresh_database)
+    after_baseline = [m.version for m in discover() if m.version > BASELINE_VERSION]
+    ran_the_squashed_history(fresh_database)
+    # Those after the baseline it had not run yet either.
+    with psycopg.connect(fresh_database) as conn, conn.transaction():
+        conn.execute(
+            "delete from supabase_migrations.schema_migrations where version = any(%s)",
+            (after_baseline,),
+        )
+
+    # The baseline is not run (its tables exist: it would fail), the rest is.
+    assert migrate(fresh_database) == after_baseline
+    records = recorded(fresh_database)
+    assert sorted(records) == [BASELINE_VERSION, *after_baseline]
+    assert records[BASELINE_VERSION][0].startswith("-- not run: the database had run the 37")
+    assert migrate(fresh_database) == []
+
+
+def test_a_database_with_part_of_the_squashed_history_is_not_migrated(
+    fresh_database: str,
+) -> None:
+    migrate(fresh_database)
+    part = frozenset(sorted(SQUASHED_VERSIONS)[:30])
+    ran_the_squashed_history(fresh_database, part)
+
+    with pytest.raises(MigrationError, match=r"ran 30 of the 37 migrations"):
+        migrate(fresh_database)
+    assert set(recorded(fresh_database)) >= part
+    assert BASELINE_VERSION not in recorded(fresh_database)
 
 
 @pytest.mark.parametrize("table", TABLES)

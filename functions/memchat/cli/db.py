@@ -1,11 +1,13 @@
 """`memchat db status|stop` (the embedded PostgreSQL), `memchat db reembed`
 (the stored embeddings: their column's size, and every message embedded with
-the configured model) and `memchat migrate`."""
+the configured model), `memchat db diff` (a migration from the schema files)
+and `memchat migrate`."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -25,6 +27,9 @@ started when it stops; one started by another command (memchat token,
 migrate, chat...), or left by a crash, keeps running until `memchat db stop`.
 
 reembed: the stored embeddings, on DATABASE_URL (or the embedded server).
+
+diff: the migration that makes supabase/migrations agree with
+supabase/schemas, written for what can be written from their difference.
 """
 
 REEMBED_DESCRIPTION = """\
@@ -95,6 +100,84 @@ def apply_migrations(url: str) -> None:
 
     applied = migrate(url)
     err(f"migrations: {len(applied)} applied" + (f" ({', '.join(applied)})" if applied else ""))
+
+
+DIFF_DESCRIPTION = """\
+Build the schema twice, in two scratch databases on DATABASE_URL's server
+(or the embedded one; a development server, where the connection may
+create and drop databases): once from supabase/migrations, once from
+supabase/schemas (the files supabase/config.toml lists in [db.migrations]
+schema_paths). Where their catalogs differ, write
+supabase/migrations/<version>_<name>.sql with what makes the first agree
+with the second, as far as it can be written from the two catalogs:
+
+  functions     create or replace (drop and create when the arguments or
+                the result change; drop when gone); a function another
+                writes when it runs (memchat.nearest_keys_indexed) is made
+                again by running that one (memchat.index_recall_keys)
+  views         dropped and made again, with those that read them
+  policies      dropped and made again; row-level security on or off
+  triggers      dropped and made again
+  privileges    on schemas, tables, views, sequences, columns, functions
+  comments      on any of those, tables and columns included
+
+The migration is then applied to the first scratch database, and what still
+differs is listed: it needs a migration written by hand (or added to the
+written one), and the command exits 1. Not written: tables, columns,
+constraints, indexes, partitions and their storage parameters, types,
+sequences, schemas, extensions, rows (memchat.limits' and the analytics
+key's, a backfill), and the roles, their memberships and settings (the
+server's, which the catalogs compared do not hold: a change to them is
+always a migration of its own). Read what it wrote before you apply it:
+a dropped function or view is dropped for good, and the order that works
+on a scratch database may need care on one with data.
+
+Nothing differs: nothing is written (exit code 0). With the Supabase CLI,
+`supabase db diff -f <name>` computes its own diff of the same two (see
+docs/deploy.md, "Changing the schema").
+"""
+
+
+def cmd_db_diff(args: argparse.Namespace) -> int:
+    """`memchat db diff`: a migration for what the schema files changed."""
+    from pathlib import Path
+
+    from memchat.store.migrations import (
+        SUPABASE_DIR,
+        MigrationError,
+        next_version,
+        schema_diff,
+    )
+
+    supabase_dir = Path(args.supabase_dir) if args.supabase_dir else SUPABASE_DIR
+    if not re.fullmatch(r"[a-z0-9_]{1,64}", args.name):
+        err("db diff: --name is lower-case letters, digits and _ (a migration file's name)")
+        return 2
+    try:
+        diff = schema_diff(database_url(), supabase_dir)
+    except MigrationError as exc:
+        err(f"db diff: {exc}")
+        return 1
+    if not diff.statements and not diff.remaining:
+        err("db diff: the schema files and the migrations build the same schema")
+        return 0
+    if diff.statements:
+        migration = diff.migration()
+        if args.print:
+            sys.stdout.write(migration)
+        else:
+            migrations = supabase_dir / "migrations"
+            path = migrations / f"{next_version(migrations)}_{args.name}.sql"
+            path.write_text(migration)
+            err(f"db diff: wrote {path}:")
+        for what in diff.written:
+            err(f"  {what}")
+    if diff.remaining:
+        err("db diff: still different, for a migration written by hand:")
+        for difference in diff.remaining:
+            err(f"  {difference}")
+        return 1
+    return 0
 
 
 def cmd_reembed(args: argparse.Namespace) -> int:
@@ -244,7 +327,7 @@ def register(commands: Subcommands) -> None:
         commands,
         "db",
         "the embedded PostgreSQL under $MEMCHAT_HOME (default .memchat/): status, stop;"
-        " the stored embeddings: reembed",
+        " the stored embeddings: reembed; the schema: diff",
         DB_DESCRIPTION,
     )
     db_sub = db.add_subparsers(dest="db_command", required=True)
@@ -281,6 +364,30 @@ def register(commands: Subcommands) -> None:
         help="local: embed with all-MiniLM-L6-v2 on this machine (384 dimensions)",
     )
     reembed.set_defaults(func=cmd_reembed)
+    diff = db_sub.add_parser(
+        "diff",
+        help="write the migration that makes supabase/migrations agree with supabase/schemas"
+        " (functions, views, policies, triggers, privileges, comments)",
+        description=DIFF_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    diff.add_argument(
+        "--name",
+        default="schema_diff",
+        help="the migration's name: supabase/migrations/<version>_<name>.sql (default schema_diff)",
+    )
+    diff.add_argument(
+        "--print",
+        action="store_true",
+        help="print the migration instead of writing it",
+    )
+    diff.add_argument(
+        "--supabase-dir",
+        default=None,
+        metavar="DIR",
+        help="the supabase directory (config.toml, schemas/, migrations/); default the project's",
+    )
+    diff.set_defaults(func=cmd_db_diff)
 
     mig = commands.add_parser("migrate", help="apply supabase/migrations to DATABASE_URL")
     mig.set_defaults(func=cmd_migrate)

@@ -1,0 +1,68 @@
+-- What the API's requests call in their own transaction: whether the
+-- caller still exists, and the throttles (tables/throttles.sql).
+
+-- Whether the caller of this request still exists (a deleted user's token
+-- is refused). SECURITY DEFINER: the API's role cannot read auth.users.
+create function memchat.current_user_exists() returns boolean
+language plpgsql stable security definer
+set search_path = ''
+as $$
+begin
+  return exists (select 1 from auth.users u where u.id = (select auth.uid()));
+end
+$$;
+
+-- Takes a token from the caller's bucket; returns 0 if it got one, else the
+-- seconds until one is available (and takes nothing). Concurrent requests of
+-- one user queue on the bucket's row for the rest of their transaction.
+create function memchat.take_rate_token(
+  p_bucket text, p_per_minute double precision, p_burst integer
+) returns double precision
+language plpgsql
+set search_path = ''
+as $$
+declare
+  v_uid uuid := auth.uid();
+  v_level double precision;
+begin
+  if p_per_minute <= 0 or not memchat.current_user_exists() then
+    -- A deleted user's request is refused anyway (its transaction's
+    -- existence check); it keeps no bucket.
+    return 0;
+  end if;
+  insert into memchat.rate_buckets (user_id, bucket, tokens, refilled_at)
+  values (v_uid, p_bucket, p_burst, now())
+  on conflict (user_id, bucket) do nothing;
+  select least(p_burst::double precision,
+               r.tokens + greatest(0, extract(epoch from now() - r.refilled_at))
+                          * p_per_minute / 60)
+    into v_level
+    from memchat.rate_buckets r where r.user_id = v_uid and r.bucket = p_bucket
+     for update;
+  if v_level < 1 then
+    return (1 - v_level) * 60 / p_per_minute;
+  end if;
+  update memchat.rate_buckets r
+     set tokens = v_level - 1, refilled_at = greatest(r.refilled_at, now())
+   where r.user_id = v_uid and r.bucket = p_bucket;
+  return 0;
+end
+$$;
+
+-- take_rate_token for any request's transaction: out of tokens raises
+-- SQLSTATE MC429 (DETAIL: the seconds to wait), so the request's other
+-- statements, sent in the same pipeline, never run.
+create function memchat.throttle(p_bucket text, p_per_minute double precision, p_burst integer)
+returns void
+language plpgsql
+set search_path = ''
+as $$
+declare
+  v_retry double precision := memchat.take_rate_token(p_bucket, p_per_minute, p_burst);
+begin
+  if v_retry > 0 then
+    raise exception 'rate limited (%)', p_bucket
+      using errcode = 'MC429', detail = v_retry::text;
+  end if;
+end
+$$;

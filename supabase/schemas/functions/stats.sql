@@ -1,0 +1,77 @@
+-- A user's stats, as the caller (security invoker, RLS), in one statement
+-- each: from their sessions' counters (record_turn keeps them:
+-- tables/sessions.sql) and their feedback, never from their messages.
+-- The operator's analytics across users: views.sql.
+
+-- The caller's stats over their sessions of p_agent_name (all agents when
+-- null): one scan of their sessions (the owner's index) and one of their
+-- feedback; with their stored messages and the quota (per user, whatever
+-- agent the stats are of).
+create function memchat.chat_stats(p_agent_name text) returns jsonb
+language plpgsql stable
+set search_path = ''
+as $$
+begin
+  return (
+    with s as (
+      select s.* from public.chat_sessions s
+       where s.user_id = (select auth.uid())
+         and (p_agent_name is null or s.agent_name = p_agent_name)),
+    f as (
+      select f.rating, f.comment from memchat.message_feedback f
+       where f.user_id = (select auth.uid())
+         and (p_agent_name is null or f.agent_name = p_agent_name))
+    select jsonb_build_object(
+      'agent_name', p_agent_name,
+      'sessions', jsonb_build_object(
+          'total', count(*),
+          'active', count(*) filter (where s.status = 'active' and s.expires_at > now()),
+          'cleared', count(*) filter (where s.status = 'cleared')),
+      'messages', coalesce(sum(s.message_count), 0),
+      'turns', coalesce(sum(s.turn_count), 0),
+      'tokens', jsonb_build_object(
+          'prompt', coalesce(sum(s.prompt_tokens), 0),
+          'completion', coalesce(sum(s.completion_tokens), 0)),
+      'feedback', (select jsonb_build_object(
+          'positive', count(*) filter (where f.rating = 1),
+          'negative', count(*) filter (where f.rating = -1),
+          'neutral', count(*) filter (where f.rating = 0),
+          'with_comment', count(*) filter (where f.comment is not null)) from f),
+      'first_activity_at', min(s.created_at),
+      'last_activity_at', max(s.last_active_at),
+      'avg_messages_per_session', coalesce(round(avg(s.message_count), 2), 0),
+      'storage', jsonb_build_object(
+          'stored_messages', memchat.stored_messages(),
+          'max_stored_messages', memchat.max_stored_messages()))
+    from s);
+end
+$$;
+
+-- The same for one of the caller's sessions (null if it is not theirs).
+create function memchat.session_stats(p_session_id uuid) returns jsonb
+language plpgsql stable
+set search_path = ''
+as $$
+begin
+  return (
+    select jsonb_build_object(
+      'session_id', s.id,
+      'agent_name', s.agent_name,
+      'status', case when s.status = 'active' and s.expires_at <= now() then 'expired'
+                     else s.status end,
+      'messages', s.message_count,
+      'turns', s.turn_count,
+      'tokens', jsonb_build_object('prompt', s.prompt_tokens, 'completion', s.completion_tokens),
+      'feedback', (select jsonb_build_object(
+          'positive', count(*) filter (where f.rating = 1),
+          'negative', count(*) filter (where f.rating = -1),
+          'neutral', count(*) filter (where f.rating = 0),
+          'with_comment', count(*) filter (where f.comment is not null))
+          from memchat.message_feedback f where f.session_id = s.id),
+      'first_activity_at', s.created_at,
+      'last_activity_at', s.last_active_at,
+      'duration_seconds', round(extract(epoch from s.last_active_at - s.created_at)::numeric, 3))
+    from public.chat_sessions s
+    where s.id = p_session_id and s.user_id = (select auth.uid()));
+end
+$$;
