@@ -99,12 +99,10 @@ def lambda_app() -> FastAPI:
     # What the init phase makes (modules, classes, the app) lives as long as
     # the instance, so the collector is off while it is made: each automatic
     # collection would walk the whole growing heap to find almost nothing
-    # (about 600 unreachable objects in all; the chat handler's import 331-341
-    # ms instead of 407 in the package, docs/benchmarks.md). Then it is frozen
-    # (gc.freeze: microseconds, no collection at cold start), out of every
+    # (docs/benchmarks.md, "The chat handler's import against its stack").
+    # Then it is frozen (gc.freeze: no collection at cold start), out of every
     # later collection's way; a full one then walks only what requests made
-    # since (the benchmark's app: 28 ms instead of 51-68; SnapStart's warm-up
-    # collects and freezes again, memchat.snapstart).
+    # since (SnapStart's warm-up collects and freezes again, memchat.snapstart).
     was_enabled = gc.isenabled()
     gc.disable()
     try:

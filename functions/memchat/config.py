@@ -134,8 +134,7 @@ class Settings(BaseModel):
     Read with `load_settings()` (the environment, names matched without
     regard to case, plus overrides), so each value arrives as the string the
     environment holds and the validators below parse it: a plain pydantic
-    model, as pydantic-settings would add nothing here but its import time
-    (docs/benchmarks.md).
+    model, as pydantic-settings would add nothing here but its import time.
     """
 
     model_config = ConfigDict(extra="ignore", validate_default=True)
@@ -179,21 +178,20 @@ class Settings(BaseModel):
     memory_recall_min_score: float = Field(default=0.3, ge=-1, le=1)
     # A recalled message at least this similar to a better one is the same
     # memory said twice: only the better is kept. Per model, as the floor:
-    # 0.95 measured with all-MiniLM-L6-v2 (unrelated texts score near 0.1);
-    # e5 models score those near 0.8 and want 1, only identical ones
-    # (docs/benchmarks.md, "Another local model"). 0.9 also collapsed a fact
-    # with its update, "I have 3 bikes" and later "I have 4 bikes", which the
-    # model needs both of, with their dates.
+    # all-MiniLM-L6-v2 scores unrelated texts far lower than e5 models, which
+    # want 1, only identical ones (docs/benchmarks.md, "Another local model").
+    # Lower, it also collapses a fact with its update, "I have 3 bikes" and
+    # later "I have 4 bikes", which the model needs both of, with their dates.
     memory_recall_duplicate_score: float = Field(default=DUPLICATE_SCORE, ge=0, le=1)
     # Recall also finds rounds (a message with its answer) by the message's
     # words (Postgres full text), fused with the nearest by meaning.
     memory_recall_words: bool = True
     # A time expression in the message ("last week") adds that period's
-    # nearest to recall's candidates (memchat.timeref).
+    # nearest to recall's candidates (memchat.usecases.recall.periods).
     memory_recall_time: bool = True
     # Fact keys, made by the embedding backfill: `rule` (also 1) gives a
     # message that says several things a recall key per sentence about the
-    # user (messages.fact_sentences: about 1.5 more embeddings per user
+    # user (memchat.usecases.recall.facts.fact_sentences: about 1.5 more embeddings per user
     # message); `model` asks the chat model for the facts each message states
     # (one chat request per session's new messages, up to 16); `off` (also 0):
     # none are made.
@@ -214,7 +212,7 @@ class Settings(BaseModel):
     openai_embedding_model: str = Field(default="text-embedding-3-small", min_length=1)
     embedding_base_url: str | None = None
     embedding_api_key: str | None = None
-    # The stored column's size (migration *_recall.sql: vector(512)); checked
+    # The stored column's size (supabase/schemas/functions/recall.sql: vector(512)); checked
     # at start (`memchat db reembed --dimensions N` changes it).
     embedding_dimensions: int = Field(default=512, ge=1, le=16000)
     # Put before the text embedded: a search's (the new message, recalling)
@@ -304,7 +302,7 @@ class Settings(BaseModel):
     # Set in every request's transaction, so one bad request can hold neither
     # a statement nor an open transaction (an export to a reader that stalls)
     # without bound. The login roles carry looser ones as a floor (migration
-    # *_hardening.sql).
+    # supabase/schemas/functions/limits.sql).
     db_statement_timeout_ms: int = Field(default=15_000, ge=100, le=600_000)
     db_idle_in_transaction_timeout_ms: int = Field(default=60_000, ge=100, le=3_600_000)
 

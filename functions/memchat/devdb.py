@@ -181,7 +181,7 @@ def _psutil() -> Any:
 
 
 # The login roles of the migrations: the API's and the cleanup's
-# (*_least_privilege.sql), the summary worker's (*_summaries.sql).
+# (supabase/schemas/grants.sql), the summary worker's (supabase/schemas/functions/summaries.sql).
 API_ROLE = "memchat_api"
 CLEANUP_ROLE = "memchat_cleanup"
 WORKER_ROLE = "memchat_worker"

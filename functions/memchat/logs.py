@@ -1,7 +1,7 @@
 """What memchat's log records hold, and how `memchat dev` prints them.
 
 - One access record per request (`ACCESS`, logged by
-  `memchat.api.main.RequestContext` when the response has ended, a streamed
+  `memchat.api.middleware.RequestContext` when the response has ended, a streamed
   one included) with the fields `method`, `route` (the route's template, e.g.
   /chat/export/{session_id}: never the raw path or its query string),
   `status`, `duration_ms`, `request_id` (memchat's own: API Gateway's

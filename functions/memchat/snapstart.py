@@ -136,10 +136,8 @@ async def warm_and_close(app: FastAPI) -> None:
         # Nothing connected may be in the snapshot (each step may have connected).
         await _step("close", state.close)
     # The warm-up's garbage collected, everything left frozen (gc.freeze): a
-    # restored instance's collections walk only what its requests make. Over
-    # 210 turns of the streaming benchmark: no full collection (one of
-    # 51-68 ms without), young and middle ones 8-9 ms in all instead of 22-35
-    # (docs/benchmarks.md).
+    # restored instance's collections walk only what its requests make, not
+    # the warm-up's heap as well.
     gc.collect()
     gc.freeze()
     logger.info("warmed for the SnapStart snapshot: connections closed, heap frozen")

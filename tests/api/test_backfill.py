@@ -18,8 +18,11 @@ import pytest
 
 from memchat import bootstrap, messages, store
 from memchat.model.embeddings import local_embedding
+from memchat.prompts.facts import FACTS_INSTRUCTIONS, FACTS_MESSAGES_PER_CALL, facts_max_tokens
 from memchat.store.db import Database
 from memchat.usecases.backfill import CONCURRENCY, MAX_ATTEMPTS, Embedder
+from memchat.usecases.recall.facts import FACT_KEYS_PER_MESSAGE
+from memchat.usecases.recall.meaning import EMBEDDING_MAX_CHARS
 from tests.conftest import make_settings
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import chat
@@ -153,7 +156,7 @@ async def test_a_young_key_partition_is_analysed_once_it_has_doubled(
 ) -> None:
     # Never analysed, a partition's recall has no common words to leave out
     # and no size to judge the HNSW path by (migration
-    # *_young_partition_sweep.sql): the backfill's run analyses it from 1,000
+    # supabase/schemas/functions/partitions.sql): the backfill's run analyses it from 1,000
     # keys, and again each time it has doubled, while under 5,000.
     alice = young_partition_user(users, admin)
     _, counted, present = key_partition(admin, alice.user_id)
@@ -190,7 +193,7 @@ async def test_a_young_partition_grown_by_turns_is_analysed_by_the_next_run(
     _, counted, present = key_partition(admin, bob.user_id)
     assert counted == present >= due
     # And recall's copy of its word statistics is made from that analysis
-    # (migration *_common_words_copy.sql): "turn", in every round, is listed.
+    # (supabase/schemas/functions/words.sql): "turn", in every round, is listed.
     (latest, turn_share) = admin.execute(
         "select w.analysed_at = memchat.last_analysed(memchat.key_partition_of("
         "'message_embeddings', %(u)s)), c.share from memchat.word_statistics w"
@@ -417,7 +420,7 @@ def keys_by_message(admin: psycopg.Connection, user_id: uuid.UUID) -> dict[str, 
 
 
 def facts_requests(model: FakeOpenAI) -> list[dict[str, Any]]:
-    return [r for r in model.requests if r["messages"][0]["content"] == messages.FACTS_INSTRUCTIONS]
+    return [r for r in model.requests if r["messages"][0]["content"] == FACTS_INSTRUCTIONS]
 
 
 async def test_the_model_writes_fact_keys_and_recall_finds_a_message_by_them(
@@ -452,8 +455,8 @@ async def test_the_model_writes_fact_keys_and_recall_finds_a_message_by_them(
         "[1] what about a cobbler nearby",
     ]
     assert sorted(r["max_tokens"] for r in asked) == [
-        messages.facts_max_tokens(1),
-        messages.facts_max_tokens(2),
+        facts_max_tokens(1),
+        facts_max_tokens(2),
     ]
     assert keys_by_message(admin, user_id) == {
         "any tips for shoe storage": [0],
@@ -539,7 +542,7 @@ async def test_a_long_sessions_messages_take_several_facts_requests(
     embedders: Callable[..., Embedder],
 ) -> None:
     alice = users.create()
-    count = messages.FACTS_MESSAGES_PER_CALL + 2
+    count = FACTS_MESSAGES_PER_CALL + 2
     await imported(db, alice, *(f"question number {i}" for i in range(count)))
     two = [{"message": 2, "fact": BIKE}, {"message": 2, "fact": SNEAKERS}]
     written = json.dumps({"facts": two})
@@ -549,9 +552,9 @@ async def test_a_long_sessions_messages_take_several_facts_requests(
 
     assert (run.embedded, run.fact_requests) == (count, 2)
     sizes = sorted(len(r["messages"][1]["content"].splitlines()) for r in facts_requests(model))
-    assert sizes == [2, messages.FACTS_MESSAGES_PER_CALL]
+    assert sizes == [2, FACTS_MESSAGES_PER_CALL]
     # The second message of each request: numbered within its request.
-    second = f"question number {messages.FACTS_MESSAGES_PER_CALL + 1}"
+    second = f"question number {FACTS_MESSAGES_PER_CALL + 1}"
     assert keys_by_message(admin, alice.user_id) == {"question number 1": [0, 1], second: [0, 1]}
 
 
@@ -579,12 +582,12 @@ async def test_a_long_imported_message_is_embedded_from_its_start_and_found(
 
     assert (run.embedded, run.failed) == (1, 0)
     sent = [text for request in model.embedding_requests for text in request["input"]]
-    assert max(len(text) for text in sent) <= messages.EMBEDDING_MAX_CHARS
-    assert sent[0] == document[: messages.EMBEDDING_MAX_CHARS]
+    assert max(len(text) for text in sent) <= EMBEDDING_MAX_CHARS
+    assert sent[0] == document[:EMBEDDING_MAX_CHARS]
     (keys,) = admin.execute(
         "select count(*) from memchat.message_facts where user_id = %s", (user_id,)
     ).fetchone()
-    assert 0 < keys <= messages.FACT_KEYS_PER_MESSAGE
+    assert 0 < keys <= FACT_KEYS_PER_MESSAGE
     r = await api.get("/memory/search", params={"q": "where is my passport?"}, headers=auth)
     assert r.status_code == 200, r.text
     assert r.json()["hits"], r.json()
@@ -614,9 +617,9 @@ async def test_more_keys_than_a_provider_takes_at_once_go_in_several_requests(
 
     assert (run.embedded, run.failed) == (25, 0)
     sizes = [len(request["input"]) for request in model.embedding_requests]
-    assert sum(sizes) == 25 + 25 * messages.FACT_KEYS_PER_MESSAGE
+    assert sum(sizes) == 25 + 25 * FACT_KEYS_PER_MESSAGE
     assert len(sizes) > 1 and max(sizes) <= 2048
     (keys,) = admin.execute(
         "select count(*) from memchat.message_facts where user_id = %s", (user_id,)
     ).fetchone()
-    assert keys == 25 * messages.FACT_KEYS_PER_MESSAGE
+    assert keys == 25 * FACT_KEYS_PER_MESSAGE

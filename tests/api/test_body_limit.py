@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from memchat import bootstrap
-from memchat.api.main import MAX_BODY_BYTES
+from memchat.api.middleware import MAX_BODY_BYTES
 from memchat.config import Settings
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import assert_error

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from memchat.messages import NOTES_PREAMBLE
+from memchat.prompts.memory import NOTES_PREAMBLE
 from memchat.usecases.chat import DEFAULT_SYSTEM_PROMPT, NO_ROUNDS_LEFT
 from tests.conftest import make_settings
 from tests.utils.api import ApiClient

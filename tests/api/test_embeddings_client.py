@@ -27,8 +27,8 @@ from memchat.config import load_settings
 from memchat.model import offline
 from memchat.model.client import EmbeddingUnavailable, ModelClient
 from memchat.model.embeddings import local_embedding
+from memchat.prompts.memory import memory_block
 from memchat.store import Hit
-from memchat.usecases.prompt import memory_block
 from tests.conftest import JWT_SECRET, UNUSED_DATABASE
 from tests.utils.fake_openai import FakeOpenAI, float32s
 from tests.utils.logs import assert_not_logged

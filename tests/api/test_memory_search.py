@@ -153,7 +153,7 @@ async def test_a_word_match_outranks_every_match_by_meaning_alone(
 async def test_a_messages_words_are_plain_words_not_search_syntax(
     custom_api: Callable[..., ApiClient], embedder: Embedder, query: str
 ) -> None:
-    """A chat message is not a web search (migration *_plain_words.sql): a
+    """A chat message is not a web search (supabase/schemas/functions/words.sql): a
     hyphenated word is found by its parts too, a minus is punctuation and no
     exclusion, quotes are no phrase. Set up as the test above: by meaning
     alone the target comes last, so only its word can bring it first. Read
@@ -246,7 +246,7 @@ async def test_making_a_messages_fact_keys_leaves_its_embedding_row_as_it_was(
     """The keys are marked made in memchat.message_facts_made: the message's
     embedding row (its vector and lexemes, 3-4 KB) is not written again, so
     no second version of it reaches the table's indexes (migration
-    *_facts_made.sql)."""
+    supabase/schemas/functions/embeddings.sql)."""
     user_id, auth = api.new_user()
     await chat(api, auth, LONG)
     version = (

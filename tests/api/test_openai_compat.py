@@ -17,7 +17,7 @@ import httpx
 import psycopg
 import pytest
 
-from memchat.messages import SYSTEM_PROMPT
+from memchat.prompts.memory import SYSTEM_PROMPT
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import conversation, remembered, seed_notes, system_texts
 from tests.utils.fake_openai import FakeOpenAI, search_call, tool_call

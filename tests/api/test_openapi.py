@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from memchat.api.main import MAX_BODY_BYTES
+from memchat.api.middleware import MAX_BODY_BYTES
 from memchat.api.routes import imports
 from tests.conftest import make_settings
 from tests.utils.api import ApiClient

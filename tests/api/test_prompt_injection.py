@@ -16,12 +16,19 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from memchat import messages
 from memchat.config import Settings
 from memchat.model.client import ModelClient
+from memchat.prompts.memory import (
+    MEMORY_CLOSE,
+    MEMORY_OPEN,
+    MEMORY_PREAMBLE,
+    NOTES_PREAMBLE,
+    RECALL_PREAMBLE,
+    SUMMARY_PREAMBLE,
+    quote,
+)
 from memchat.store.db import Database
 from memchat.usecases.chat import DEFAULT_SYSTEM_PROMPT
-from memchat.usecases.prompt import quote
 from memchat.usecases.summarize import Summarizer
 from tests.conftest import make_settings
 from tests.utils.api import ApiClient
@@ -105,26 +112,26 @@ async def test_injected_memory_arrives_as_quoted_data_not_as_system_text(
     assert carrying == [request["messages"][1]]
     # ... delimited once, that says it is data ...
     lines = block.split("\n")
-    assert lines[0] == messages.MEMORY_OPEN and lines[-1] == messages.MEMORY_CLOSE
-    assert lines[1] == messages.MEMORY_PREAMBLE
-    assert block.count(messages.MEMORY_CLOSE) == 1
+    assert lines[0] == MEMORY_OPEN and lines[-1] == MEMORY_CLOSE
+    assert lines[1] == MEMORY_PREAMBLE
+    assert block.count(MEMORY_CLOSE) == 1
     assert "\\u003c/memchat_memory\\u003e" in block  # the recalled one, escaped
     # ... and each remembered text is a quoted string after memchat's label.
-    assert f'{messages.NOTES_PREAMBLE} "- {INJECTION}"' in lines
+    assert f'{NOTES_PREAMBLE} "- {INJECTION}"' in lines
     assert f"User: {quote(RECALLED)}" in lines
     summary = remembered(request).summary
     assert SUMMARIZED in summary
-    assert f"{messages.SUMMARY_PREAMBLE} {quote(summary)}" in lines
+    assert f"{SUMMARY_PREAMBLE} {quote(summary)}" in lines
     # Read back, the data is exactly what was remembered.
     read = remembered(request)
     assert read.notes == NOTES
     assert (RECALLED, f"echo: {RECALLED}") in [(e.question, e.answer) for e in read.recalled]
     # Every line in the block is memchat's: a tag, a label, a header, or blank.
     labels = (
-        messages.MEMORY_PREAMBLE,
-        messages.NOTES_PREAMBLE + " ",
-        messages.RECALL_PREAMBLE,
-        messages.SUMMARY_PREAMBLE + " ",
+        MEMORY_PREAMBLE,
+        NOTES_PREAMBLE + " ",
+        RECALL_PREAMBLE,
+        SUMMARY_PREAMBLE + " ",
         "[",
         'User: "',
         'Assistant: "',
@@ -133,6 +140,6 @@ async def test_injected_memory_arrives_as_quoted_data_not_as_system_text(
 
 
 def test_the_system_prompt_says_memory_is_data_not_instructions() -> None:
-    assert messages.MEMORY_OPEN in DEFAULT_SYSTEM_PROMPT
-    assert messages.MEMORY_CLOSE in DEFAULT_SYSTEM_PROMPT
+    assert MEMORY_OPEN in DEFAULT_SYSTEM_PROMPT
+    assert MEMORY_CLOSE in DEFAULT_SYSTEM_PROMPT
     assert "never instructions" in DEFAULT_SYSTEM_PROMPT

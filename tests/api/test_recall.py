@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from memchat.config import ConfigError
-from memchat.messages import MEMORY_OPEN, NOTES_PREAMBLE, RECALL_PREAMBLE
+from memchat.prompts.memory import MEMORY_OPEN, NOTES_PREAMBLE, RECALL_PREAMBLE
 from memchat.usecases.cleanup import Cleanup
 from tests.conftest import make_settings
 from tests.utils.api import ApiClient

@@ -1,4 +1,4 @@
-"""Routes the chat function serves on demand (memchat.api.main.RoutesOnDemand):
+"""Routes the chat function serves on demand (memchat.api.on_demand.RoutesOnDemand):
 /v1, /memory/search and /mcp are included on their first request, not when
 the app is built (the chat handler's cold import, docs/benchmarks.md), and
 behave from that first request as if they had always been there: the answer,
@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 from fastapi import FastAPI
 
-from memchat.api.main import RoutesOnDemand, flat_routes
+from memchat.api.middleware import flat_routes
+from memchat.api.on_demand import RoutesOnDemand
 from memchat.config import Settings
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import assert_error

@@ -16,10 +16,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from memchat import messages, store
+from memchat import store
 from memchat.config import Settings
 from memchat.errors import DatabasePermissionDenied
 from memchat.model.client import ModelClient
+from memchat.prompts.summary import SUMMARY_INSTRUCTIONS
 from memchat.store.db import Database
 from memchat.usecases.cleanup import Cleanup
 from memchat.usecases.summarize import Summarizer
@@ -35,7 +36,7 @@ TRIGGER = 4
 def summary_request(request: dict[str, Any]) -> bool:
     first = request["messages"][0]
     return first["role"] == "system" and first["content"].startswith(
-        messages.SUMMARY_INSTRUCTIONS.split("{", 1)[0]
+        SUMMARY_INSTRUCTIONS.split("{", 1)[0]
     )
 
 

@@ -180,7 +180,7 @@ def vacuum_analyze(admin: psycopg.Connection[Any], *tables: str) -> None:
 
     `admin` must be in autocommit mode; names may be schema-qualified. After
     the recall keys' analysis, recall's copy of their word statistics is
-    made, as the backfill's next run would (migration *_common_words_copy.sql).
+    made, as the backfill's next run would (supabase/schemas/functions/words.sql).
     """
     for table in tables:
         admin.execute(sql.SQL("vacuum (analyze) {}").format(sql.Identifier(*table.split("."))))

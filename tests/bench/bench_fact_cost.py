@@ -1,15 +1,15 @@
 """What model-written fact keys cost (MEMORY_RECALL_FACTS=model), per session.
 
 With `model`, the embedding backfill asks the chat model for the facts a
-session's new user messages state: up to messages.FACTS_MESSAGES_PER_CALL
-messages and FACTS_PROMPT_CHARS characters a request (messages.facts_calls),
-each request the prompt messages.facts_prompt builds. This script builds
+session's new user messages state: up to FACTS_MESSAGES_PER_CALL
+messages and FACTS_PROMPT_CHARS characters a request (facts_calls),
+each request the prompt memchat.prompts.facts.facts_prompt builds. This script builds
 those same requests for every session of a LongMemEval file (default: the
 dev split, ../shared/eval/longmemeval_s_dev.json.gz from the project root),
 as a backfill that reads each session whole would, and counts what they
 cost: requests, the prompt's tokens with the model's tokenizer
 (memchat.model.tokens, bpe-openai's vocabularies), and the most each may
-write (messages.facts_max_tokens; a real model writes a fraction of it:
+write (facts_max_tokens; a real model writes a fraction of it:
 its answers' length is the model's, so it is shown as a bound). No model is
 called; the figures are the product's own prompts, counted.
 
@@ -30,6 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: find `tests`
 
+from memchat.prompts.facts import (
+    facts_calls,
+    facts_max_tokens,
+    facts_prompt,
+)
 from tests.bench import _common as common
 from tests.bench.bench_longmemeval import DEFAULT_DATA, load
 
@@ -43,7 +48,6 @@ def main() -> None:
     args = parser.parse_args()
 
     common.ensure_import_path()
-    from memchat import messages
     from memchat.model.tokens import counter_for_model
 
     counter = counter_for_model(args.model)
@@ -60,11 +64,11 @@ def main() -> None:
     tokens_in: list[int] = []
     bound_out: list[int] = []
     for said in sessions.values():
-        calls = messages.facts_calls(said)
+        calls = facts_calls(said)
         requests.append(len(calls))
-        prompts = [messages.facts_prompt([said[i] for i in call]) for call in calls]
+        prompts = [facts_prompt([said[i] for i in call]) for call in calls]
         tokens_in.append(sum(counter.count(m["content"]) + 4 for prompt in prompts for m in prompt))
-        bound_out.append(sum(messages.facts_max_tokens(len(call)) for call in calls))
+        bound_out.append(sum(facts_max_tokens(len(call)) for call in calls))
 
     def row(name: str, values: list[int]) -> list[object]:
         return [

@@ -28,7 +28,7 @@ For a package it also says which byte-code it holds and how much of it is
 stale (timestamp-checked .pyc files whose source's date no longer matches,
 so every cold start compiles those modules again).
 
-The figure that is kept (issue 21; it replaces the absolute 300 ms aim): the
+The figure that is kept: the
 chat handler's import against the import of the stack it stands on, whole
 processes, paired. `python -c 'import memchat.handlers.chat'` and `python -c
 'import fastapi, mangum, psycopg, aws_lambda_powertools.logging,
@@ -36,7 +36,7 @@ aws_lambda_powertools.metrics'`, in the same environment (the chat
 function's), run alternately (handler first in one pair, the stack first in
 the next), each timed from the parent's spawn to the child's exit right
 after its import (os._exit): the interpreter's start-up included, its exit
-(a full garbage collection, which Lambda never runs) not, since 2026-11-27:
+(a full garbage collection, which Lambda never runs) not:
 the handler's init freezes its heap (gc.freeze), so its exit's collection
 skips what the stack's walks, and a ratio with the exits would flatter the
 handler (`--with-exit` prints that one too). The median of the pairs'
@@ -244,8 +244,8 @@ PAIRED_HEADERS = [
 
 
 # Appended to both commands by `paired_imports` (unless finalize=True): the process
-# ends without the interpreter's finalization (a full garbage collection,
-# 60-75 ms on both sides on the development machine), which Lambda never runs.
+# ends without the interpreter's finalization (a full garbage collection),
+# which Lambda never runs.
 NO_EXIT = "; import os; os._exit(0)"
 
 

@@ -18,7 +18,7 @@ of recall's own time (Server-Timing `recall`). Also the user's key
 partition as the statistics count it after the backfill (-1: never
 analysed) against the rows it holds: each backfill run ends by analysing
 the young partitions that hold 1,000 keys, or twice what their statistics
-count (migration *_young_partition_sweep.sql); autovacuum's threshold for
+count (supabase/schemas/functions/partitions.sql); autovacuum's threshold for
 the partitions is 5,000 changed rows.
 
     python tests/bench/bench_import_recall.py                  # 20 questions

@@ -6,7 +6,7 @@ Run on demand (pytest does not collect `bench_*.py`):
         [--history 20] [--iterations 200] [--warmup 20] [--latency-ms 1] [--no-graph]
         [--vector-only] [--target 0.35] [--seed 1]
 
-Issue 22's target: memchat's recall overhead per turn stays <= 0.35x of
+The target: memchat's recall overhead per turn stays <= 0.35x of
 LangGraph's (thread history + PostgresStore search + put, same embedder).
 The target is checked on memchat's whole memory work against LangGraph's;
 the report also gives memchat's recall alone against LangGraph's whole
@@ -111,6 +111,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from memchat import messages, store
+from memchat.config import DUPLICATE_SCORE
 from memchat.store.db import Database
 from tests.bench import _common as common
 
@@ -516,13 +517,16 @@ async def memchat_turn(
     hits = await store.recall(
         r.db,
         user.caller,
-        session_id=user.session_id,
-        agent_name=AGENT,
-        window=WINDOW,
-        query=query,
-        k=K,
-        min_score=MIN_SCORE,
-        text=question if text else None,
+        store.RecallQuery(
+            session_id=user.session_id,
+            agent_name=AGENT,
+            window=WINDOW,
+            embedding=query,
+            k=K,
+            min_score=MIN_SCORE,
+            text=question if text else None,
+            duplicate_score=DUPLICATE_SCORE,
+        ),
     )
     marks.append(("recall", perf_counter_ns()))
     await store.record_turn(

@@ -46,6 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: find `tests`
 
 from memchat.config import Settings
+from memchat.prompts.memory import recall_section
 from tests.bench._common import format_table, percentile
 from tests.bench.bench_longmemeval import DEFAULT_DATA, K, _iso, load, to_import
 from tests.bench.bench_recall_pieces import PIECES, question_params
@@ -81,7 +82,7 @@ def replayed_function(conn: Any, replacements: Sequence[tuple[str, str]]) -> str
     """A copy of memchat.recall with `replacements`, created as REPLAYED.
 
     The hits' rows are built by memchat.recall_hits (migration
-    *_recall_hits.sql): it is copied too, as REPLAYED_HITS, which the copy of
+    supabase/schemas/functions/recall.sql): it is copied too, as REPLAYED_HITS, which the copy of
     memchat.recall calls. Each OLD is replaced in whichever of the two holds it.
     """
     from psycopg import sql
@@ -149,7 +150,6 @@ def shown_reach(
 
     from memchat.model.tokens import count_message, counter_for_model
     from memchat.store import Hit
-    from memchat.usecases.prompt import recall_section
 
     counter = counter_for_model("gpt-4o")
     best = [Hit.from_json(h) for h in found[:RECALL_K]]

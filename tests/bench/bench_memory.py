@@ -65,6 +65,7 @@ from langchain_postgres import PostgresChatMessageHistory
 from psycopg import sql
 
 from memchat import messages, store
+from memchat.config import DUPLICATE_SCORE
 from memchat.store.db import Database
 from memchat.throttle import OFF, Rate
 from tests.bench import _common as common
@@ -295,12 +296,15 @@ async def memchat_recall_turn(
     hits = await store.recall(
         db,
         s.caller,
-        session_id=s.memchat_id,
-        agent_name=AGENT,
-        window=WINDOW,
-        query=embedding,
-        k=RECALL_K,
-        min_score=RECALL_MIN_SCORE,
+        store.RecallQuery(
+            session_id=s.memchat_id,
+            agent_name=AGENT,
+            window=WINDOW,
+            embedding=embedding,
+            k=RECALL_K,
+            min_score=RECALL_MIN_SCORE,
+            duplicate_score=DUPLICATE_SCORE,
+        ),
     )
     t2 = perf_counter_ns()
     c2 = count()

@@ -23,7 +23,7 @@ Data: one user per size in --sizes, each with that many stored user
 messages (each with its answer and an embedding), plus --other-rows embedded
 messages of other users (500 each), interleaved in time as real traffic
 would be (a user's rows are spread over the heap among everyone else's in
-its partition: migration *_key_partitions.sql hash-partitions the key tables
+its partition: supabase/schemas/functions/partitions.sql hash-partitions the key tables
 by user, 32 ways, so about a 32nd of the other users share each). Sessions
 of 25 turns, all live; agent "default". Every embedding and fact key is of
 one model, "bench-model", the queries' too (recall compares only rows of the
@@ -68,11 +68,11 @@ lists only), to tell the words list's cost apart. `--query-punctuation`
 writes each query's words as chat text often does: `minus` puts a minus
 before its last word ("... -word"), `hyphen` joins its first two with a
 hyphen ("word-word ..."). Read as web-search syntax (before migration
-*_plain_words.sql), either bypassed the budget of common words and the
+supabase/schemas/functions/words.sql), either bypassed the budget of common words and the
 minus matched every round without its word.
 
-The fill drops the migrations' HNSW indexes (*_recall_at_scale.sql; over
-the keys in half precision since *_half_precision_index.sql) while it
+The fill drops the migrations' HNSW indexes (supabase/schemas/functions/recall.sql; over
+the keys in half precision since supabase/schemas/functions/recall.sql) while it
 copies and builds them after (memchat.index_recall_keys, with
 --maintenance-work-mem), as one build is far faster than a million inserts.
 
@@ -107,7 +107,7 @@ copies and builds them after (memchat.index_recall_keys, with
    `common.LatencyProxy` (+1 ms per round trip by default); the turn's
    message is one of the user's query texts and the provider answers with
    that query's vector:
-   - (a) what the product does (usecases/recall.py): the embedding starts,
+   - (a) what the product does (usecases/recall/): the embedding starts,
      `store.load_context` runs meanwhile (round trip 1), then `store.recall`
      (round trip 2), through the real `Recall`/`PendingRecall` classes
      (`Recall.start` keeps the message for the words list);
@@ -122,7 +122,7 @@ copies and builds them after (memchat.index_recall_keys, with
    takes a throttle token as the API's does (a bucket that never runs dry).
 
 `--explain` prints EXPLAIN (ANALYZE, BUFFERS) of memchat.recall's three
-statements (copied from the migration *_hybrid_recall.sql, as prepared
+statements (copied from the supabase/schemas/functions/recall.sql, as prepared
 statements on their 7th execution, so the plan cache has chosen as it does
 in the function, with the function's enable_bitmapscan setting for each):
 the nearest keys by vector (memchat.recall_keys: embeddings and fact keys),
@@ -164,12 +164,13 @@ import numpy as np
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from memchat import messages, store, timeref
-from memchat.config import load_settings
+from memchat import messages, store
+from memchat.config import DUPLICATE_SCORE, load_settings
 from memchat.model.client import ModelClient
 from memchat.store.db import Database
 from memchat.throttle import Rate
-from memchat.usecases.recall import OK, Recall
+from memchat.usecases.recall import OK, Recall, periods
+from memchat.usecases.recall.meaning import embedding_text
 from tests.bench import _common as common
 
 AGENT = "default"
@@ -204,7 +205,7 @@ HNSW_INDEXES = {
     "message_embeddings": "bench_message_embeddings_hnsw",
     "message_facts": "bench_message_facts_hnsw",
 }
-# The owner btrees of the migrations (*_recall.sql, *_hybrid_recall.sql), by name.
+# The owner btrees of the schema (supabase/schemas/tables/recall_keys.sql), by name.
 OWNER_INDEXES = {
     "message_embeddings_owner_idx": (
         "create index if not exists message_embeddings_owner_idx"
@@ -218,7 +219,7 @@ OWNER_INDEXES = {
 # A bucket that never runs dry: the turn pays for the write, never a refusal.
 THROTTLE = Rate(per_minute=1e9, burst=1_000_000)
 
-# memchat.recall's statements (supabase/migrations/*_hybrid_recall.sql), for
+# memchat.recall's statements (supabase/migrations/supabase/schemas/functions/recall.sql), for
 # EXPLAIN: prepared statements whose parameters are the function's variables,
 # so the plan cache picks custom or generic plans as it does for PL/pgSQL.
 # The nearest keys by vector: $1 v_uid, $2 p_agent_name, $3 p_model,
@@ -427,7 +428,7 @@ class Filled:
     index_ready: bool  # memchat.recall_index_ready(): the index path is on
 
 
-# The migrations' HNSW indexes (*_recall_at_scale.sql): dropped while the
+# The migrations' HNSW indexes (supabase/schemas/functions/recall.sql): dropped while the
 # fill copies (one build beats a million inserts), made again after it.
 MIGRATION_HNSW = ("message_embeddings_embedding_idx", "message_facts_embedding_idx")
 
@@ -609,7 +610,7 @@ def fill(
             (AGENT,),
         )
         admin.execute(
-            # The ids are generated always (migration *_hardening.sql); the
+            # The ids are generated always (supabase/schemas/functions/limits.sql); the
             # owner may choose them, from the sequence's range reserved above.
             "insert into public.chat_message_history (id, session_id, user_id, message, created_at)"
             " overriding system value"
@@ -722,13 +723,16 @@ async def recall_once(db: Database, owner: Owner, q: int, words: bool) -> tuple[
     hits = await store.recall(
         db,
         owner.caller,
-        session_id=owner.session_id,
-        agent_name=AGENT,
-        window=WINDOW,
-        query=store.Embedding(MODEL, owner.queries[q]),
-        k=K,
-        min_score=MIN_SCORE,
-        text=owner.texts[q] if words else None,
+        store.RecallQuery(
+            session_id=owner.session_id,
+            agent_name=AGENT,
+            window=WINDOW,
+            embedding=store.Embedding(MODEL, owner.queries[q]),
+            k=K,
+            min_score=MIN_SCORE,
+            text=owner.texts[q] if words else None,
+            duplicate_score=DUPLICATE_SCORE,
+        ),
     )
     return (perf_counter_ns() - t0) / 1e6, [h.message_id for h in hits]
 
@@ -966,7 +970,7 @@ async def turn_b(
     """Embed first, then the context and the search in one pipelined round trip
     (the search with the message's text and period, as `Recall` passes them)."""
     settings = recall.settings
-    vector = await recall.model.embed(messages.embedding_text(message), "query")
+    vector = await recall.model.embed(embedding_text(message), "query")
     query = store.Embedding(recall.model.embedding_model, vector)
     load_args = (
         owner.session_id,
@@ -980,23 +984,26 @@ async def turn_b(
         60.0,
         0,
     )
-    recall_args = store.embeddings.recall_args(
-        session_id=owner.session_id,
-        agent_name=AGENT,
-        window=WINDOW,
-        query=query,
-        k=K,
-        min_score=MIN_SCORE,
-        text=message if settings.memory_recall_words else None,
-        period=timeref.period_in(message, datetime.now(UTC))
-        if settings.memory_recall_time
-        else None,
+    recall_params = store.embeddings.recall_params(
+        store.RecallQuery(
+            session_id=owner.session_id,
+            agent_name=AGENT,
+            window=WINDOW,
+            embedding=query,
+            k=K,
+            min_score=MIN_SCORE,
+            duplicate_score=DUPLICATE_SCORE,
+            text=message if settings.memory_recall_words else None,
+            period=periods.period_in(message, datetime.now(UTC))
+            if settings.memory_recall_time
+            else None,
+        )
     )
     async with db.pipeline(owner.caller.claims) as conn:
         loaded = conn.cursor()
         await loaded.execute(store.turns.LOAD_CONTEXT, load_args)
         searched = conn.cursor()
-        await searched.execute(store.embeddings.RECALL, recall_args)
+        await searched.execute(store.embeddings.RECALL, recall_params)
     context_row = await loaded.fetchone()
     hits_row = await searched.fetchone()
     assert context_row is not None and hits_row is not None
@@ -1021,7 +1028,7 @@ async def turn_off(db: Database, owner: Owner, message: str) -> tuple[int, list[
 
 
 async def turn_embed(model: ModelClient, message: str) -> tuple[int, list[store.Hit]]:
-    await model.embed(messages.embedding_text(message), "query")
+    await model.embed(embedding_text(message), "query")
     return 0, []
 
 

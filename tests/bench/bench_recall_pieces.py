@@ -13,7 +13,7 @@ the client (--repeat calls each, the median per question):
 - nearest: the exact scan by meaning (`memchat.nearest_messages`, depth 20);
 - words: the word list as recall reads it (`memchat.rounds_matching` with
   `memchat.rarer_words`): the GIN index asked for the caller's rounds
-  holding a word (migration *_words_by_owner.sql);
+  holding a word (supabase/schemas/functions/words.sql);
 - words, every user's rounds: the same list the way it was read before
   that migration, the index asked for every round holding a word and the
   caller's picked out after (that function as it was, without the owner's
@@ -67,8 +67,8 @@ PIECES: dict[str, str] = {
     "period": "select array(select n.message_id from memchat.nearest_messages(auth.uid(),"
     " 'default', %(m)s, null, %(floor)s, %(q)s::extensions.vector, %(d)s, %(f)s, %(u)s) n)",
 }
-# The word list before migration *_words_by_owner.sql: memchat.rounds_matching
-# as migration *_recall_at_scale.sql made it (every round holding a word, the
+# The word list before supabase/schemas/functions/words.sql: memchat.rounds_matching
+# as supabase/schemas/functions/recall.sql made it (every round holding a word, the
 # caller's picked out after), as a function of this session's own, called as
 # the new one is.
 EVERY_USERS_FUNCTION = """
@@ -104,9 +104,9 @@ def question_params(
     """The user a run imported `record`'s haystack for (found by its first
     session), and the parameters of PIECES for its question (`vector`: the
     question's embedding); None if that run did not import it here."""
-    from memchat import timeref
     from memchat.config import DUPLICATE_SCORE
     from memchat.store.fragments import vector_literal
+    from memchat.usecases.recall import periods
 
     document, _ = to_import(record)
     row = conn.execute(
@@ -117,7 +117,7 @@ def question_params(
     if row is None:
         return None
     user_id, messages = row
-    period = timeref.period_in(record["question"], haystack_time(record["question_date"]))
+    period = periods.period_in(record["question"], haystack_time(record["question_date"]))
     return user_id, {
         "q": vector_literal([float(x) for x in vector]),
         "m": MODEL,

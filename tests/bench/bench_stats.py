@@ -57,7 +57,7 @@ totals checked against the messages; and EXPLAIN (ANALYZE, BUFFERS) of
 every stored answer by design (docs/analytics.md, "Cost"): no target, the
 numbers are for the record.
 
-Target (issue 13): <= 20 ms median and p95 at 100,000 messages, and a cost
+Target: <= 20 ms median and p95 at 100,000 messages, and a cost
 that does not grow with messages. The database is the embedded PostgreSQL
 (pgserver, temporary directory) unless DATABASE_URL names a disposable one
 (see `_common.database`). See docs/benchmarks.md.
@@ -811,7 +811,7 @@ def report(
         )
     verdict = "met" if timed_ok and flat else "NOT met"
     print(
-        f"target (issue 13: <= {TARGET_MS:g} ms median and p95 at {largest.size:,} messages,"
+        f"target (<= {TARGET_MS:g} ms median and p95 at {largest.size:,} messages,"
         f" cost independent of messages): {verdict}"
     )
 

@@ -37,10 +37,8 @@ the others (`os.sched_setaffinity`), as deployed: a Lambda instance has its
 own vCPU, and the database and the provider are other machines. On a small
 machine the four processes would otherwise take turns on the same CPUs, and
 the app's share would include waiting for the benchmark's own model server
-and client (on the 2-CPU development machine, 1.5-2.6 ms of the median;
-docs/benchmarks.md). `--shared-cpus` runs them all on every CPU, as the
-figures before 2026-11-27 night were measured. With one CPU, nothing is
-pinned.
+and client. `--shared-cpus` runs them all on every CPU. With one CPU,
+nothing is pinned.
 
 With `--endpoint openai` the turns of 1. go through POST /v1/chat/completions
 instead (`stream: true`; the session in X-Session-ID; a delta is a chunk

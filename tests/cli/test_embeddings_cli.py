@@ -26,10 +26,11 @@ import openai
 import psycopg
 import pytest
 
-from memchat import messages, store
+from memchat import store
 from memchat.auth import Caller
 from memchat.model import minilm
 from memchat.store.db import Database
+from memchat.usecases.recall.meaning import embedding_text
 from tests.utils.analytics_data import Fresh, fresh_database
 from tests.utils.dev_server import MEMCHAT, clean_env
 from tests.utils.processes import free_port, wait_healthy
@@ -280,7 +281,7 @@ async def test_reembed_local_embeds_what_lacks_an_embedding_once(
         text: (MODEL, DIMS) for text in (FACT, UNRELATED, QUESTION)
     }
     for text in (FACT, QUESTION):
-        want = model.embed([messages.embedding_text(text)])[0].tolist()
+        want = model.embed([embedding_text(text)])[0].tolist()
         assert stored_vector(owner, text) == pytest.approx(want, abs=1e-5)
     assert value(owner, "select count(*) from memchat.embedding_queue") == 0
     assert store.count_unembedded(owner, MODEL) == 0
@@ -305,7 +306,7 @@ async def test_resizing_the_column_takes_the_fact_key_marks_of_what_it_deletes(
     own_database: Fresh,
 ) -> None:
     owner, alice = await with_an_old_embedding(own_database)
-    # Its fact keys marked made with that embedding (migration *_facts_made.sql).
+    # Its fact keys marked made with that embedding (supabase/schemas/functions/embeddings.sql).
     marked = owner.execute(
         "insert into memchat.message_facts_made (message_id, user_id, model)"
         " select e.message_id, e.user_id, e.model from memchat.message_embeddings e"

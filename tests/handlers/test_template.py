@@ -45,7 +45,7 @@ from pydantic import TypeAdapter
 
 from memchat import bootstrap, secrets
 from memchat.api import streamed as stream
-from memchat.api.main import flat_routes
+from memchat.api.middleware import flat_routes
 from memchat.config import (
     ROUTE_GROUPS,
     FactsMode,

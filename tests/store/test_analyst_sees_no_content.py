@@ -9,7 +9,7 @@ and information_schema; the whole table or any column of it; through any
 role it may become) is read in full as that role: none of that text, and
 none of the users' or sessions' ids or e-mail addresses, may appear, and
 the key behind the pseudonyms is not readable. The migration
-*_analytics_without_content.sql is what makes it so: before it, the analyst
+supabase/schemas/views.sql is what makes it so: before it, the analyst
 selected the messages, sessions and feedback tables themselves.
 """
 

@@ -1,5 +1,5 @@
 """The operator's analytics views (memchat_analytics, migrations
-*_feedback_stats.sql and *_analytics_without_content.sql).
+supabase/schemas/functions/stats.sql and supabase/schemas/views.sql).
 
 - Across users, the views add up a scripted history exactly: turns, tokens,
   latency, users per day, models, feedback rates, session lengths, recall

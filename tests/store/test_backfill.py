@@ -1,4 +1,4 @@
-"""The embedding queue at the SQL level (migration *_embedding_models.sql).
+"""The embedding queue at the SQL level (supabase/schemas/functions/embeddings.sql).
 
 The API's role queues its caller's own sessions and counts what still
 waits, under RLS; the worker (`memchat_worker`) reads and writes only what a

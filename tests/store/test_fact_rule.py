@@ -1,13 +1,13 @@
 """One rule in two languages: SQL's memchat.says_several_things (which
 embedding rows wait for fact keys) agrees with Python's sentence split
-(memchat.messages.fact_sentences, which computes them)."""
+(memchat.usecases.recall.facts.fact_sentences, which computes them)."""
 
 from __future__ import annotations
 
 import psycopg
 import pytest
 
-from memchat.messages import _SENTENCE_END
+from memchat.usecases.recall.facts import _SENTENCE_END
 
 SAMPLES = [
     "I like tea. My cat likes milk.",

@@ -1,4 +1,4 @@
-"""Feedback and stats under row-level security (migration *_feedback_stats.sql).
+"""Feedback and stats under row-level security (supabase/schemas/functions/stats.sql).
 
 As the API runs a request (`memchat_user` with B's claims), B can neither
 see, change, take over nor plant feedback on A's answers, and B's stats

@@ -1,7 +1,7 @@
 """Each limit is defined once: the settings, and the database's copy checked against them.
 
 The API's settings (functions/memchat/config.py) are where a limit is
-defined; `memchat.limits` (migration *_least_privilege.sql) holds the
+defined; `memchat.limits` (supabase/schemas/grants.sql) holds the
 database's copy, which every writer is held to (triggers). Their defaults
 must be the same numbers: a change to one without the other fails here.
 """

@@ -1,4 +1,4 @@
-"""A message's embedding and feedback go with it (migration *_set_based_cascades.sql).
+"""A message's embedding and feedback go with it (supabase/schemas/triggers.sql).
 
 No foreign key ties them to their message any more (a foreign key runs a
 query per deleted message; the cleanup deletes them by the hundred

@@ -4,14 +4,14 @@ A statement inside a PL/pgSQL function is planned through the plan cache, once
 per connection (generic plans). A SQL-language function the planner does not
 inline is planned again each time the statement calling it runs before
 PostgreSQL 18, which Supabase runs (15, 17): migration
-*_plans_kept_everywhere.sql made those PL/pgSQL. These tests hold both:
+supabase/schemas/functions/requests.sql made those PL/pgSQL. These tests hold both:
 
 - a turn's store calls, repeated on one connection, plan nothing beyond the
   client's own statements (counted with debug_print_plan, which reports each
   plan the server makes), on the suite's PostgreSQL 18 and on 16
   (tests/utils/postgres16.py);
 - every SQL-language function of the migrations is one the planner inlines
-  or a constant (migration *_plans_kept_for_every_call.sql made the rest
+  or a constant (supabase/schemas/functions/requests.sql made the rest
   PL/pgSQL), so no version plans one at every call.
 """
 
@@ -29,6 +29,7 @@ import pytest
 from psycopg import sql
 
 from memchat import devdb, store
+from memchat.config import DUPLICATE_SCORE
 from memchat.store.db import Database
 from memchat.store.migrations import migrate
 from memchat.throttle import Rate
@@ -108,13 +109,16 @@ async def turn_plans(database_url: str, caller: store.Caller) -> dict[str, int]:
             await store.recall(
                 db,
                 caller,
-                session_id=session_id,
-                agent_name="default",
-                window=4,
-                query=vector(i),
-                k=3,
-                min_score=0.0,
-                text=f"which green teas did I name in round {i}?",
+                store.RecallQuery(
+                    session_id=session_id,
+                    agent_name="default",
+                    window=4,
+                    embedding=vector(i),
+                    k=3,
+                    min_score=0.0,
+                    text=f"which green teas did I name in round {i}?",
+                    duplicate_score=DUPLICATE_SCORE,
+                ),
             )
 
         async def record(i: int) -> None:

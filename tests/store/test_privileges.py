@@ -1,4 +1,4 @@
-"""Least privilege in the database (migration *_least_privilege.sql).
+"""Least privilege in the database (supabase/schemas/grants.sql).
 
 - The API's login role (`memchat_api`) holds no rights: a statement sent
   without the per-request switch to `memchat_user` is refused (fail closed).
@@ -102,7 +102,7 @@ WORKER_FUNCTIONS = {
     "memchat.summary_save(uuid,text,bigint,bigint)",
     "memchat.summary_done(uuid,integer)",
     "memchat.summary_failed(uuid,double precision)",
-    # The embedding backfill (migration *_embedding_models.sql), and the
+    # The embedding backfill (supabase/schemas/functions/embeddings.sql), and the
     # column's size it checks before embedding anything.
     "memchat.embedding_claim(integer,double precision)",
     "memchat.embedding_source(uuid,text,bigint,integer)",
@@ -111,7 +111,7 @@ WORKER_FUNCTIONS = {
     "memchat.embedding_done(uuid,text)",
     "memchat.embedding_failed(uuid,double precision)",
     "memchat.embedding_dimensions()",
-    # And the fact keys it stores beside them (migration *_hybrid_recall.sql).
+    # And the fact keys it stores beside them (supabase/schemas/functions/recall.sql).
     "memchat.facts_save(uuid[],bigint[],text,bigint[],integer[],text[])",
 }
 

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memchat import messages, store
+from memchat.config import DUPLICATE_SCORE
 from memchat.store.db import Database
 from tests.store.conftest import refused
 from tests.utils.store_data import (
@@ -83,8 +84,11 @@ async def recall(
         "window": 10,
         "k": 3,
         "min_score": 0.3,
+        "duplicate_score": DUPLICATE_SCORE,
     } | options
-    return await store.recall(db, caller, query=store.Embedding(model, query), **args)
+    throttle = args.pop("throttle", None)
+    asked = store.RecallQuery(embedding=store.Embedding(model, query), **args)
+    return await store.recall(db, caller, asked, throttle=throttle)
 
 
 async def test_hits_are_the_callers_best_first_with_their_answers(
@@ -434,7 +438,7 @@ texts = st.lists(
 def test_recalls_words_are_the_plain_words_of_any_text(
     admin: psycopg.Connection, text: str
 ) -> None:
-    """memchat.any_words (migration *_plain_words.sql): the word list matches
+    """memchat.any_words (supabase/schemas/functions/words.sql): the word list matches
     any of the message's lexemes, each alone, and nothing else. Web-search
     syntax made a hyphenated word a phrase (a round saying one of its parts
     did not match) and a minus a negation (every round without the word

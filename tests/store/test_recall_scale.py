@@ -1,4 +1,4 @@
-"""Recall over a long history (migration *_recall_at_scale.sql): the HNSW
+"""Recall over a long history (supabase/schemas/functions/recall.sql): the HNSW
 indexes where pgvector has iterative scans, searched for a caller with a long
 history and giving what the exact scan gives; the exact scan for a short
 history and wherever the indexes are missing; the commonest words left out of
@@ -22,6 +22,7 @@ import pytest
 from psycopg import sql
 
 from memchat import store
+from memchat.config import DUPLICATE_SCORE
 from memchat.store.db import Database
 from memchat.store.fragments import vector_literal
 from tests.utils.analytics_data import Fresh, fresh_database
@@ -111,13 +112,16 @@ async def recall(
         hits = await store.recall(
             db,
             caller,
-            session_id=uuid.uuid4(),
-            agent_name="default",
-            window=10,
-            query=store.Embedding(MODEL, query),
-            k=k,
-            min_score=0.0,
-            text=text,
+            store.RecallQuery(
+                session_id=uuid.uuid4(),
+                agent_name="default",
+                window=10,
+                embedding=store.Embedding(MODEL, query),
+                k=k,
+                min_score=0.0,
+                text=text,
+                duplicate_score=DUPLICATE_SCORE,
+            ),
         )
     finally:
         await db.close()
@@ -144,7 +148,7 @@ def index_scans(conn: psycopg.Connection) -> int:
 
 def index_reads(conn: psycopg.Connection, *indexes: str) -> tuple[int, int]:
     """(scans, index entries returned) so far of partitioned `indexes`
-    (their partitions' indexes: migration *_key_partitions.sql)."""
+    (their partitions' indexes: supabase/schemas/functions/partitions.sql)."""
     conn.execute("select pg_stat_clear_snapshot()")
     row = conn.execute(
         "select coalesce(sum(idx_scan), 0), coalesce(sum(idx_tup_read), 0)"
@@ -230,7 +234,7 @@ async def test_a_long_history_is_searched_through_the_index_as_exactly_as_the_sc
     by_table = scans_by_table(own.admin)
     through_index = [await recall(own.api_url, caller, target, None, k=3) for target in targets]
     assert scans_after(own.admin, before) > 0  # the index path was taken
-    # Only the indexes of the caller's partitions (migration *_key_partitions.sql).
+    # Only the indexes of the caller's partitions (supabase/schemas/functions/partitions.sql).
     scanned = {name for name, scans in scans_by_table(own.admin).items() if scans > by_table[name]}
     mine = {
         scalar(own.admin, "select memchat.key_partition_name(%s, %s)", (table, caller.user_id))
@@ -366,12 +370,12 @@ def test_a_long_history_leaves_its_commonest_words_out(own: Fresh) -> None:
     assert rarer("weather", 4_000) == "'weather'"
     assert rarer("weather zebra7", 4_000) == "'zebra7'"
     # ... and beyond them, when it is in every round of a long history, there
-    # is no word list (migration *_common_words.sql): reading and ranking
+    # is no word list (supabase/schemas/functions/words.sql): reading and ranking
     # 40,000 rounds to list the 20 best by one word that they all hold.
     assert rarer("weather", 40_000) == "None"
     assert rarer("weather report", 40_000) == "None"
     # Quotes, hyphens and minus signs are plain text (migration
-    # *_plain_words.sql): their words are left out like any other. As web
+    # supabase/schemas/functions/words.sql): their words are left out like any other. As web
     # search syntax, a phrase or an exclusion kept every word, "weather" too.
     assert rarer('"weather report" zebra7', 40_000) == "'zebra7'"
     assert rarer("-weather zebra7", 40_000) == "'zebra7'"
@@ -380,10 +384,10 @@ def test_a_long_history_leaves_its_commonest_words_out(own: Fresh) -> None:
     # only lexemes joined by |, and the common one is left out.
     assert rarer("weather a.com/x!y", 40_000) == "'/x!y' | 'a.com' | 'a.com/x!y'"
 
-    # Recall's own budget (migration *_words_budget.sql): a history past 300
+    # Recall's own budget (supabase/schemas/functions/words.sql): a history past 300
     # rounds leaves its commonest words out until the rest fit 100 rounds;
     # one of 300 or fewer keeps them all, whatever the budget and the
-    # statistics (migration *_short_history_words.sql).
+    # statistics (supabase/schemas/functions/words.sql).
     assert rarer("weather zebra7", 301, None) == "'zebra7'"
     assert rarer("weather zebra7", 300, None) == "'weather' | 'zebra7'"
     assert rarer("weather zebra7", 300, 10) == "'weather' | 'zebra7'"
@@ -395,7 +399,7 @@ def test_a_long_history_leaves_its_commonest_words_out(own: Fresh) -> None:
 
 def test_the_common_words_are_read_from_the_copy_while_it_is_the_latest(own: Fresh) -> None:
     # memchat.rarer_words reads the partition's common lexemes from a copy of
-    # its statistics (migration *_common_words_copy.sql) instead of pg_stats,
+    # its statistics (supabase/schemas/functions/words.sql) instead of pg_stats,
     # as long as the copy is of the partition's last analysis.
     caller = UserFactory(own.admin).create()
     rng = random.Random(6)
@@ -527,10 +531,10 @@ def test_the_word_list_reads_the_callers_rounds_however_many_others_hold_the_wor
     # Every round's lexemes hold its owner's (memchat.owner_lexeme), and
     # rounds_matching asks the GIN index for the caller's rounds holding a
     # word: what it reads follows the caller's history, not how many of
-    # everyone's rounds hold the word (migration *_words_by_owner.sql).
+    # everyone's rounds hold the word (supabase/schemas/functions/words.sql).
     users = UserFactory(own.admin)
     alice = users.create()
-    # Bob's rows share Alice's partition (migration *_key_partitions.sql), so
+    # Bob's rows share Alice's partition (supabase/schemas/functions/partitions.sql), so
     # that one GIN index holds both.
     bob = users.create(user_id=same_partition(own.admin, alice.user_id))
     rng = random.Random(13)
@@ -585,11 +589,11 @@ def test_the_word_list_reads_the_callers_rounds_however_many_others_hold_the_wor
 def test_a_callers_keys_are_read_once_however_many_sessions_hold_them(own: Fresh) -> None:
     # The exact scan and the word list join the caller's keys to its live
     # sessions. Planned for any caller (generic plans, migration
-    # *_key_partitions.sql), the planner expects as many sessions as the
+    # supabase/schemas/functions/partitions.sql), the planner expects as many sessions as the
     # average user has; where that is about one, a nested loop over the
     # sessions reads all of the caller's keys once per session, 30 times
     # here. The keys must be read once, whatever the estimate (migration
-    # *_session_joins.sql).
+    # supabase/schemas/functions/recall.sql).
     users = UserFactory(own.admin)
     rng = random.Random(17)
     vectors = [unit([rng.gauss(0, 1) for _ in range(DIMS)]) for _ in range(60)]
@@ -692,12 +696,12 @@ def test_the_partitions_are_reached_only_through_their_tables(own: Fresh) -> Non
     for name, row_security, *privileges, storage in rows:
         assert row_security, name
         assert not any(privileges), name
-        assert storage == "m", name  # MAIN: in the row, as the parents' (*_recall.sql)
+        assert storage == "m", name  # MAIN: in the row, as the parents (tables/recall_keys.sql)
 
 
 def test_a_young_partition_is_analysed_after_thousands_of_changed_rows(own: Fresh) -> None:
     # Each analysis or vacuum of a partition discards every generic recall
-    # plan (migration *_partition_autovacuum.sql): autovacuum's 50 rows would
+    # plan (supabase/schemas/functions/partitions.sql): autovacuum's 50 rows would
     # have a young deployment re-plan recall a few times a minute. The
     # settings survive a change of the vector's size (the tables rewritten).
     store.resize_embeddings(own.admin, 384)
@@ -720,7 +724,7 @@ def test_a_long_historys_word_list_is_planned_for_its_words(own: Fresh) -> None:
     # "The word list planned for its words"). A long history's word list is
     # planned for each call's words and caller; a short one's keeps the
     # connection's generic plan instead of planning at every call
-    # (migration *_word_list_plans_everywhere.sql: on every PostgreSQL
+    # (supabase/schemas/functions/recall.sql: on every PostgreSQL
     # version, where a SQL function's setting worked on 18 only).
     caller = UserFactory(own.admin).create()
     rng = random.Random(12)
@@ -756,7 +760,7 @@ def test_a_small_partitions_graph_is_searched_with_a_shorter_candidate_list(own:
     # How closely an HNSW scan follows the exact order at a given ef_search
     # falls as its graph grows; a recall walks its caller's partition's
     # graph. Under 15,000 rows 48 candidates gave the exact scan's hits, 100
-    # are needed beyond (migration *_small_graph_ef_search.sql,
+    # are needed beyond (supabase/schemas/functions/recall.sql,
     # docs/benchmarks.md). The partition's size is what its statistics say,
     # and at least the caller's rounds; never analysed, it is unknown.
     if not scalar(own.admin, "select memchat.recall_index_ready()"):

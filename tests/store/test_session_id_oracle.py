@@ -44,14 +44,17 @@ LOOKUPS: dict[str, tuple[Query, Any]] = {
     ),
     "recall": (
         store.embeddings.RECALL,
-        lambda sid: store.embeddings.recall_args(
-            session_id=sid,
-            agent_name="default",
-            window=10,
-            query=store.Embedding("m", [0.1] * 512),
-            k=3,
-            min_score=0.3,
-            text="hello",
+        lambda sid: store.embeddings.recall_params(
+            store.RecallQuery(
+                session_id=sid,
+                agent_name="default",
+                window=10,
+                embedding=store.Embedding("m", [0.1] * 512),
+                k=3,
+                min_score=0.3,
+                duplicate_score=0.95,
+                text="hello",
+            )
         ),
     ),
 }
@@ -75,7 +78,7 @@ def test_someone_elses_id_reads_what_an_unknown_id_reads(
     query, params = LOOKUPS[lookup]
     claims = dict(world.b.claims)
     # Once each first: a session's first call may plan its statements (recall
-    # runs generic plans, migration *_key_partitions.sql), and the plans are
+    # runs generic plans, supabase/schemas/functions/partitions.sql), and the plans are
     # the same whichever id comes; what is compared is the lookup itself.
     reads(conn, claims, query, params(uuid.uuid4()))
     reads(conn, claims, query, params(world.a_session))

@@ -1,8 +1,9 @@
-"""memchat.messages.fact_sentences: the extra recall keys of a user message."""
+"""memchat.usecases.recall.facts.fact_sentences: the extra recall keys of a user message."""
 
 from __future__ import annotations
 
-from memchat.messages import fact_sentences
+from memchat.usecases.recall.facts import fact_sentences
+from memchat.usecases.recall.follow_up import follow_up_query
 
 
 def test_each_first_person_sentence_of_a_message_saying_several_things() -> None:
@@ -32,7 +33,7 @@ def test_a_full_stop_without_a_capital_after_it_does_not_split() -> None:
 
 
 def test_a_short_follow_up_takes_the_previous_exchange() -> None:
-    from memchat.messages import ai, follow_up_query, human
+    from memchat.messages import ai, human
 
     window = [human("my sister is Ana"), ai("Nice!"), human("she is a doctor"), ai("Great. " * 100)]
     assert follow_up_query("and her age?", window) == (

@@ -19,7 +19,9 @@ from memchat.model.offline import (
     Statement,
     answer_from_context,
 )
-from memchat.usecases.prompt import memory_block
+from memchat.prompts.facts import facts_prompt, read_facts
+from memchat.prompts.memory import memory_block
+from memchat.usecases.recall.facts import fact_sentences
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 
@@ -178,7 +180,6 @@ def test_a_facts_request_is_answered_with_the_rules_sentences() -> None:
     """`memchat dev` without a key with MEMORY_RECALL_FACTS=model: the
     backfill's facts request gets each message's fact sentences, read back
     as the backfill reads a model's answer."""
-    from memchat.messages import fact_sentences, facts_prompt, read_facts
 
     said = [
         "Can you find me flights? By the way, my sister Ana got married last week!",

@@ -1,4 +1,4 @@
-"""memchat.timeref: the period a time expression names, relative to a moment."""
+"""memchat.usecases.recall.periods: the period a time expression names, relative to a moment."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from memchat.timeref import period_in
+from memchat.usecases.recall.periods import period_in
 
 # A Tuesday.
 NOW = datetime(2023, 5, 30, 23, 40, tzinfo=UTC)

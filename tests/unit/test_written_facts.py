@@ -1,5 +1,5 @@
 """Fact keys written by the chat model (MEMORY_RECALL_FACTS=model): the
-request the backfill makes of a session's messages (memchat.messages) and
+request the backfill makes of a session's messages (memchat.prompts.facts) and
 how the model's answer is read, whatever it writes."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from memchat.messages import (
+from memchat.prompts.facts import (
     FACT_MAX_CHARS,
     FACTS_INSTRUCTIONS,
     FACTS_MESSAGES_PER_CALL,

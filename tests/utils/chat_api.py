@@ -8,8 +8,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from memchat.messages import MEMORY_OPEN
-from memchat.usecases.prompt import Remembered, read_memory
+from memchat.prompts.memory import MEMORY_OPEN, Remembered, read_memory
 
 ERROR_KEYS = {"error", "detail", "request_id"}
 

@@ -16,8 +16,7 @@ from memchat.config import AGENT_NAME_PATTERN
 from memchat.errors import BadRequest, InvalidInput, Unauthorized
 
 # Dependencies are `async def`: FastAPI runs a plain `def` in a worker thread,
-# two thread hand-offs per request (about 0.6 ms of a turn's time to first
-# words on 2 CPUs; docs/benchmarks.md).
+# two thread hand-offs per request, which a turn's time to first words pays.
 
 
 async def get_state(request: Request) -> AppState:

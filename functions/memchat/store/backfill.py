@@ -1,6 +1,6 @@
 """The embedding backfill's queue: sessions whose user messages need embeddings.
 
-Three callers (migration *_embedding_models.sql):
+Three callers (supabase/schemas/functions/embeddings.sql):
 
 - the API, for a user (`db, caller`): `queue_embeddings` after an import
   queues the caller's own sessions, `embedding_backlog` says how many of
@@ -16,7 +16,7 @@ Three callers (migration *_embedding_models.sql):
 Which messages get an embedding (user messages with text) and which still
 need one of a model are SQL functions (memchat.embeddable,
 memchat.unembedded_messages), used by all of these; the text embedded for
-each is memchat.messages.embedding_text.
+each is memchat.usecases.recall.meaning.embedding_text.
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ async def save_facts(
 async def embedding_statistics(db: Database) -> int:
     """Analyse the young recall-key partitions that hold at least 1,000 keys
     and were never analysed, or twice as many as their statistics count
-    (under 5,000; migration *_young_partition_sweep.sql), whoever grew them.
+    (under 5,000; supabase/schemas/functions/partitions.sql), whoever grew them.
     Returns how many."""
     return int(await _call(db, None, _STATISTICS, ()))
 

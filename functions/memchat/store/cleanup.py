@@ -16,7 +16,7 @@ import psycopg
 # The locked (id, user_id) keys go on as two arrays so the delete is a
 # primary-key lookup per session whatever the table's size. Messages go by
 # the FK cascade, and their embeddings and feedback with them by a
-# statement-level trigger (migration *_set_based_cascades.sql), which also
+# statement-level trigger (supabase/schemas/triggers.sql), which also
 # adds up how many messages went (memchat.deleted_messages, for the
 # transaction): the cleanup never reads a message to count it.
 _EXPIRE_BATCH = """

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from memchat.config import Settings
     from memchat.throttle import Bucket, Rate
 
-# The role every user request runs as (migration *_least_privilege.sql).
+# The role every user request runs as (supabase/schemas/grants.sql).
 REQUEST_ROLE = "memchat_user"
 
 # `set local role` + the claims + the request's timeouts and stored-messages

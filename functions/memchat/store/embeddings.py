@@ -3,27 +3,32 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
-from memchat.config import DUPLICATE_SCORE
 from memchat.store.db import REQUEST_ROLE, Database
 from memchat.store.fragments import vector_param
-from memchat.store.records import Caller, Embedding, Hit, Period
+from memchat.store.records import Caller, Hit, RecallQuery
 from memchat.throttle import Bucket
 
-RECALL = "select memchat.recall(%s, %s, %s, %s::extensions.vector, %s, %s, %s, %s, %s, %s, %s)"
+# memchat.recall's parameters by name: each named once, here.
+RECALL = """
+select memchat.recall(
+  p_session_id => %(session_id)s, p_agent_name => %(agent_name)s, p_window => %(window)s,
+  p_query => %(embedding)s::extensions.vector, p_model => %(model)s, p_text => %(text)s,
+  p_k => %(k)s, p_min_score => %(min_score)s, p_collapse => %(duplicate_score)s,
+  p_from => %(period_start)s, p_until => %(period_end)s)
+"""
 _EMBEDDING_DIMENSIONS = "select memchat.embedding_dimensions()"
 # What no longer fits goes first, in the same transaction as the new type; the
-# type change resets the column's storage, kept in the row (migration *_recall.sql).
+# type change resets the column's storage, kept in the row (supabase/schemas/functions/recall.sql).
 # The tables holding embeddings: the messages' and their fact keys'.
 _VECTOR_TABLES = ("message_embeddings", "message_facts")
 _DROP_OTHER_SIZES = sql.SQL("delete from memchat.{} where extensions.vector_dims(embedding) <> %s")
-# A message's fact keys were made (migration *_facts_made.sql) only while its
+# A message's fact keys were made (supabase/schemas/functions/embeddings.sql) only while its
 # embedding is there: the marker goes with it.
 _DROP_MARKERS_WITHOUT_EMBEDDING = """
 delete from memchat.message_facts_made m
@@ -31,7 +36,7 @@ delete from memchat.message_facts_made m
                     where e.message_id = m.message_id and e.user_id = m.user_id)"""
 _RESIZE = sql.SQL("alter table memchat.{} alter column embedding type extensions.vector({})")
 _KEEP_IN_ROW = sql.SQL("alter table memchat.{} alter column embedding set storage main")
-# The HNSW indexes (migration *_half_precision_index.sql: over the keys as
+# The HNSW indexes (supabase/schemas/functions/recall.sql: over the keys as
 # halfvec of the column's size, at most 4,000 dimensions) go before the type
 # change and come back after it where they can, with the statement that reads
 # them written for the new size (memchat.index_recall_keys).
@@ -42,32 +47,22 @@ _ADOPT_UNKNOWN = "update memchat.message_embeddings set model = %s where model i
 _ANY_EMBEDDING = "select exists (select 1 from memchat.message_embeddings)"
 
 
-def recall_args(
-    *,
-    session_id: uuid.UUID | None,
-    agent_name: str,
-    window: int,
-    query: Embedding,
-    k: int,
-    min_score: float,
-    duplicate_score: float = DUPLICATE_SCORE,
-    text: str | None = None,
-    period: Period | None = None,
-) -> tuple[Any, ...]:
-    """The parameters of RECALL."""
-    return (
-        session_id,
-        agent_name,
-        window,
-        vector_param(query.vector),
-        query.model,
-        text,
-        k,
-        min_score,
-        duplicate_score,
-        period.start if period else None,
-        period.end if period else None,
-    )
+def recall_params(query: RecallQuery) -> dict[str, Any]:
+    """RECALL's parameters for `query`."""
+    period = query.period
+    return {
+        "session_id": query.session_id,
+        "agent_name": query.agent_name,
+        "window": query.window,
+        "embedding": vector_param(query.embedding.vector),
+        "model": query.embedding.model,
+        "text": query.text,
+        "k": query.k,
+        "min_score": query.min_score,
+        "duplicate_score": query.duplicate_score,
+        "period_start": period.start if period else None,
+        "period_end": period.end if period else None,
+    }
 
 
 def hits_from_json(rows: list[Mapping[str, Any]]) -> list[Hit]:
@@ -75,42 +70,14 @@ def hits_from_json(rows: list[Mapping[str, Any]]) -> list[Hit]:
 
 
 async def recall(
-    db: Database,
-    caller: Caller,
-    *,
-    session_id: uuid.UUID | None,
-    agent_name: str,
-    window: int,
-    query: Embedding,
-    k: int,
-    min_score: float,
-    duplicate_score: float = DUPLICATE_SCORE,
-    text: str | None = None,
-    period: Period | None = None,
-    throttle: Bucket | None = None,
+    db: Database, caller: Caller, query: RecallQuery, *, throttle: Bucket | None = None
 ) -> list[Hit]:
-    """The caller's earlier user messages of `agent_name` best matching the
-    query, best first, each with the answer it got (memchat.recall: the
-    nearest to `query` by their embedding or a fact key's, of its model only,
-    fused by reciprocal rank with the rounds holding words of `text` and, with
-    a `period`, the nearest within it; live sessions, outside the window of
-    `session_id`, each at `duplicate_score` or more similar to a better one
-    left out: the same memory said twice); taking a token of `throttle`
-    first, in the same transaction, when given."""
-    args = recall_args(
-        session_id=session_id,
-        agent_name=agent_name,
-        window=window,
-        query=query,
-        k=k,
-        min_score=min_score,
-        duplicate_score=duplicate_score,
-        text=text,
-        period=period,
-    )
+    """The caller's earlier user messages best matching `query`, best first,
+    each with the answer it got and its neighbours (memchat.recall); taking
+    a token of `throttle` first, in the same transaction, when given."""
     async with db.pipeline(caller.claims, throttle=throttle) as conn:
         cur = conn.cursor()
-        await cur.execute(RECALL, args)
+        await cur.execute(RECALL, recall_params(query))
     row = await cur.fetchone()
     assert row is not None
     return hits_from_json(row[0])

@@ -4,7 +4,7 @@
 (before the body is even read: a refused request costs next to nothing) and
 reads the database's limits that an import checks before it stores
 anything; `import_sessions` stores one batch (memchat.import_sessions,
-migration *_stored_messages_quota.sql) in one round trip, all or nothing,
+supabase/schemas/functions/limits.sql) in one round trip, all or nothing,
 skipping every session the caller already has live; the request's first
 batch also checks the caller's quota for the whole request.
 """

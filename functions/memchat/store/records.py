@@ -152,6 +152,27 @@ class Period:
     end: datetime | None
 
 
+@dataclass(frozen=True)
+class RecallQuery:
+    """One recall (memchat.recall), as usecases/recall/query.py builds it:
+    the keys nearest to `embedding` (its model's only), fused with the
+    rounds holding the words of `text` (None: by meaning only) and, with a
+    `period`, the nearest within it; live sessions of `agent_name`, outside
+    the last `window` messages of `session_id`; at least `min_score`
+    similar; an exchange `duplicate_score` or more similar to a better one
+    left out (the same memory said twice)."""
+
+    embedding: Embedding
+    agent_name: str
+    k: int
+    min_score: float
+    duplicate_score: float
+    session_id: uuid.UUID | None = None
+    window: int = 0
+    text: str | None = None
+    period: Period | None = None
+
+
 @dataclass
 class Turn:
     """Everything one chat turn writes, in one transaction."""

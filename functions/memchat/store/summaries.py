@@ -1,7 +1,7 @@
 """The rolling summaries' queue, as the summary worker sees it.
 
 The worker (usecases/summarize.py) logs in as `memchat_worker`, which may
-only call the memchat.summary_* functions (migration *_hardening.sql): a
+only call the memchat.summary_* functions (supabase/schemas/functions/limits.sql): a
 claim leases due queue items, and every later call names its item by that
 lease, so the worker can read and write only the sessions the queue hands
 it, and only while its lease lives.

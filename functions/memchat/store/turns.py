@@ -1,7 +1,7 @@
 """A chat turn's two round trips: load what it starts from, record what it stores
 (and a third for a retry of a turn with the client's tools: `stored_turn`).
 
-Both halves are SQL functions (migrations *_turn_functions.sql and later):
+Both halves are SQL functions (supabase/schemas/functions/turns.sql and later):
 PL/pgSQL caches their plans per server connection, pooler-safe.
 """
 

@@ -1,7 +1,7 @@
 """The operator's analytics (`memchat stats`): the `memchat_analytics` views.
 
 Every number comes from the views of migration
-*_analytics_without_content.sql; docs/analytics.md says what each view and
+supabase/schemas/views.sql; docs/analytics.md says what each view and
 column means. The views run with their owner's rights and carry numbers
 only (counts, tokens, latencies, ratings, timings, model and agent names;
 users and sessions as keyed hashes, none of which this report reads): no

@@ -14,20 +14,20 @@ packing them into requests of EMBEDDING_BATCH_SIZE texts (a request may
 span sessions: imported sessions are often short). At most CONCURRENCY
 requests are in flight; the reading waits for a free one, so a session of
 any length costs bounded memory. Each request's embeddings (documents, the
-text `messages.embedding_text` gives) are stored as it returns. A session
+text `embedding_text` gives) are stored as it returns. A session
 leaves the queue once nothing in it lacks an embedding; one cut short (its
 lease running out) stays queued, ready for the next round.
 
 Fact keys (MEMORY_RECALL_FACTS): a message that says several things also
 gets an embedding of each sentence in which the user speaks of themselves
-(`rule`: messages.fact_sentences), or of each fact the chat model finds it
+(`rule`: fact_sentences), or of each fact the chat model finds it
 states (`model`: one chat request per session's messages in an embeddings
-request, up to messages.FACTS_MESSAGES_PER_CALL of them, at most
+request, up to memchat.prompts.facts.FACTS_MESSAGES_PER_CALL of them, at most
 FACTS_CONCURRENCY in flight; an answer that cannot be read gets the rule's
 sentences instead, logged), embedded in the same request as the documents.
 A turn stores its message's own embedding and leaves the fact keys to this
 worker (its session is queued by the embedding's insert, migration
-*_hybrid_recall.sql), so a turn never waits for them.
+supabase/schemas/functions/recall.sql), so a turn never waits for them.
 
 A failed request (the provider down, a bad answer; with `model`, a facts
 request the chat model failed) fails the sessions it held: they keep what
@@ -37,7 +37,7 @@ row a session is given up (logged) until it is queued again.
 
 Who sees what: the worker logs in as `memchat_worker`, which may call the
 memchat.embedding_* functions and nothing else; every read and write names
-a live lease (migration *_embedding_models.sql). `memchat db reembed` runs
+a live lease (supabase/schemas/functions/embeddings.sql). `memchat db reembed` runs
 the same class as the table's owner.
 
 Nothing is embedded while the stored column's size is not
@@ -54,10 +54,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memchat import messages, store
+from memchat import store
 from memchat.errors import UpstreamError, UpstreamTimeout
-from memchat.messages import fact_sentences
+from memchat.prompts.facts import facts_calls, facts_max_tokens, facts_prompt, read_facts
 from memchat.usecases.cleanup import TimeBudget
+from memchat.usecases.recall.facts import fact_sentences
+from memchat.usecases.recall.meaning import embedding_text
 from memchat.usecases.summarize import (
     BACKOFF_FIRST_SECONDS,
     BACKOFF_MAX_SECONDS,
@@ -100,7 +102,7 @@ class EmbeddingRun:
     fact_tokens_out: int = 0
     facts_unreadable: int = 0
     # Young recall-key partitions analysed at the end of the run (statistics
-    # for recall's plans; migration *_young_partition_sweep.sql).
+    # for recall's plans; supabase/schemas/functions/partitions.sql).
     analysed: int = 0
     duration_ms: float = 0.0
     finished: bool = False  # nothing queued was left
@@ -164,7 +166,7 @@ class Embedder:
                 break  # stuck (every lease lost?): the next run takes over
         if run.refused is None:
             # Statistics for the young key partitions this run or turns grew
-            # (recall's plans need them; migration *_young_partition_sweep.sql).
+            # (recall's plans need them; supabase/schemas/functions/partitions.sql).
             run.analysed += await store.embedding_statistics(self.db)
         run.duration_ms = (self.clock() - started) * 1000
         logger.info("embeddings", extra={"embeddings": run.as_dict()})
@@ -259,7 +261,7 @@ class Embedder:
                 return
             # One request: the documents still missing, then every fact key.
             documents = [m for m in request if not m.embedded]
-            texts = [messages.embedding_text(m.text) for m in documents]
+            texts = [embedding_text(m.text) for m in documents]
             texts += [text for _, _, text in facts]
             try:
                 vectors = await model.embed_many(texts, "document")
@@ -295,7 +297,7 @@ class Embedder:
         calls = [
             [said[index] for index in indexes]
             for said in sessions.values()
-            for indexes in messages.facts_calls([m.text for m in said])
+            for indexes in facts_calls([m.text for m in said])
         ]
         written = await asyncio.gather(*(self._written_facts(call, run) for call in calls))
         if any(facts is None for facts in written):
@@ -308,11 +310,11 @@ class Embedder:
         """One facts request: the facts the chat model finds `said` (one
         session's messages) to state, each a key of its message; the rule's
         sentences when its answer cannot be read; None when the model failed."""
-        prompt = messages.facts_prompt([m.text for m in said])
+        prompt = facts_prompt([m.text for m in said])
         async with self._fact_slots:
             try:
                 completion = await self.model.complete(
-                    prompt, max_tokens=messages.facts_max_tokens(len(said))
+                    prompt, max_tokens=facts_max_tokens(len(said))
                 )
             except (UpstreamError, UpstreamTimeout) as exc:
                 logger.warning(
@@ -323,7 +325,7 @@ class Embedder:
         run.fact_requests += 1
         run.fact_tokens_in += completion.usage.get("prompt_tokens", 0)
         run.fact_tokens_out += completion.usage.get("completion_tokens", 0)
-        found = messages.read_facts(completion.content, len(said))
+        found = read_facts(completion.content, len(said))
         if found is None:
             run.facts_unreadable += 1
             logger.warning(
@@ -354,5 +356,5 @@ class Embedder:
 
 
 def _rule_facts(said: list[store.Unembedded]) -> list[FactText]:
-    """The rule's fact keys of `said` (messages.fact_sentences)."""
+    """The rule's fact keys of `said` (fact_sentences)."""
     return [(m, i, text) for m in said for i, text in enumerate(fact_sentences(m.text))]

@@ -35,9 +35,11 @@ from memchat.errors import (
 )
 from memchat.model.sampling import DEFAULT as DEFAULT_SAMPLING
 from memchat.model.sampling import Sampling
+from memchat.prompts.memory import SYSTEM_PROMPT
 from memchat.throttle import Bucket, Rate
-from memchat.usecases import conversation, memory_search, prompt
+from memchat.usecases import conversation, prompt
 from memchat.usecases.recall import NOT_RECALLED, PendingRecall, Recall, Recalled
+from memchat.usecases.recall.search import searcher
 from memchat.usecases.suggestions import FollowUps
 
 if TYPE_CHECKING:
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SYSTEM_PROMPT = messages.SYSTEM_PROMPT
+DEFAULT_SYSTEM_PROMPT = SYSTEM_PROMPT
 NO_ROUNDS_LEFT = conversation.NO_ROUNDS_LEFT
 _MAX_NOTE_RETRIES = 3
 _TITLE_CHARS = 80
@@ -219,7 +221,7 @@ class ChatService:
         if not (self.settings.memory_enabled and request.use_memory):
             return await self._run_without_memory(caller, request, deadline, listener)
         k = self.settings.memory_recall_k if request.recall_k is None else request.recall_k
-        # The embedding is made while the context loads (see usecases/recall.py);
+        # The embedding is made while the context loads (see usecases/recall/service.py);
         # the load is a task scheduled after the embedding's, so the embedding
         # request (the longer wait) leaves first. A turn with a client_message_id
         # may be a retry whose answer is stored: its context comes first (one
@@ -385,7 +387,7 @@ class ChatService:
                     max_rounds=self.settings.max_tool_rounds,
                     listener=listener,
                     client_tools=request.tools,
-                    search=memory_search.searcher(self.recall, caller, memory.agent_name)
+                    search=searcher(self.recall, caller, memory.agent_name)
                     if self._offers_search(request)
                     else None,
                     sampling=request.sampling,

@@ -18,7 +18,7 @@ Who sees what: the worker logs in as `memchat_worker`, which may call the
 memchat.summary_* functions and nothing else. A claim hands it a lease per
 due session; every read and write names the lease, so the worker sees only
 the sessions the queue handed it, only while its lease lives (the database
-checks; migration *_hardening.sql).
+checks; supabase/schemas/functions/limits.sql).
 
 Claims: a claim (FOR UPDATE SKIP LOCKED, one short transaction) leases the
 session for a few model calls, so two workers never summarize one session at
@@ -37,8 +37,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memchat import messages, store
+from memchat import store
 from memchat.errors import UpstreamError, UpstreamTimeout
+from memchat.prompts.summary import SUMMARY_INSTRUCTIONS
 from memchat.usecases.cleanup import TimeBudget
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ def summary_prompt(source: store.SummarySource, max_tokens: int) -> list[dict[st
     )
     max_words = max(20, int(max_tokens * WORDS_PER_TOKEN))
     return [
-        {"role": "system", "content": messages.SUMMARY_INSTRUCTIONS.format(max_words=max_words)},
+        {"role": "system", "content": SUMMARY_INSTRUCTIONS.format(max_words=max_words)},
         {"role": "user", "content": text},
     ]
 

@@ -21,7 +21,7 @@ from memchat.usecases import history_import
 router = APIRouter(tags=["sessions"])
 
 IMPORT_PATH = "/sessions/import"
-# The routes whose body may be IMPORT_MAX_BYTES, not 1 MB (api/main.py's BodyLimits).
+# The routes whose body may be IMPORT_MAX_BYTES, not 1 MB (api/middleware.py's BodyLimits).
 LARGE_BODIES = (("POST", IMPORT_PATH),)
 
 

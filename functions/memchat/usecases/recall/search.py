@@ -1,17 +1,18 @@
-"""The model's `search_memory` tool run for one turn (model/search_tool.py):
-recall's search (as GET /memory/search), under the caller's RLS."""
+"""The model's `search_memory` tool run for one turn (its schema and result
+text: model/search_tool.py): recall's search (as GET /memory/search), under
+the caller's RLS."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from memchat.model import search_tool
-from memchat.usecases.recall import OK
+from memchat.usecases.recall.service import OK
 
 if TYPE_CHECKING:
     from memchat import store
     from memchat.usecases.conversation import SearchMemory
-    from memchat.usecases.recall import Recall
+    from memchat.usecases.recall.service import Recall
 
 
 def searcher(recall: Recall, caller: store.Caller, agent_name: str) -> SearchMemory:

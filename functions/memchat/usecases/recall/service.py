@@ -1,4 +1,4 @@
-"""Recall: the caller's earlier exchanges with an agent, found by meaning.
+"""Recall run: for a chat turn (begun with its context's load) and for a search.
 
 A turn starts embedding its new message at once, alongside the load of its
 context, and searches when both are done (memchat.recall, one round trip),
@@ -23,11 +23,14 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from memchat import messages, store
+from memchat import store
 from memchat.throttle import Bucket
+from memchat.usecases.recall.follow_up import follow_up_query
+from memchat.usecases.recall.meaning import embedding_text
+from memchat.usecases.recall.query import recall_query
 
 if TYPE_CHECKING:
     from memchat.config import Settings
@@ -80,7 +83,7 @@ class Recall:
         wanted = k > 0 or self.settings.memory_recall_k > 0
         if not wanted or self.column_fits is False:
             return PendingRecall(self, message, None, None, k)
-        text = messages.embedding_text(message)
+        text = embedding_text(message)
         query = asyncio.create_task(self._embed(text, "query"))
         settings = self.settings
         if settings.embedding_query_prefix == settings.embedding_document_prefix:
@@ -104,7 +107,7 @@ class Recall:
         embedding's aside."""
         if self.column_fits is False:
             return Recalled(FAILED)
-        query = await self._embed(messages.embedding_text(text), "query")
+        query = await self._embed(embedding_text(text), "query")
         if query is None or not await self.check_column(caller):
             return Recalled(FAILED)
         started = time.perf_counter()
@@ -134,26 +137,18 @@ class Recall:
         as_of: datetime | None,
         throttle: Bucket | None = None,
     ) -> list[store.Hit]:
-        """memchat.recall for `text` (its embedding `query`), with the period a
-        time expression in it names (memchat.timeref), relative to `as_of`."""
-        from memchat import timeref  # its patterns compile on first use, not at cold start
-
-        settings = self.settings
-        moment = as_of or datetime.now(UTC)
-        return await store.recall(
-            self.db,
-            caller,
-            session_id=session_id,
+        """memchat.recall for `text` (its embedding `query`)."""
+        asked = recall_query(
+            self.settings,
+            text,
+            query,
             agent_name=agent_name,
-            window=window,
-            query=query,
             k=k,
-            min_score=settings.memory_recall_min_score,
-            duplicate_score=settings.memory_recall_duplicate_score,
-            text=text if settings.memory_recall_words else None,
-            period=timeref.period_in(text, moment) if settings.memory_recall_time else None,
-            throttle=throttle,
+            session_id=session_id,
+            window=window,
+            as_of=as_of,
         )
+        return await store.recall(self.db, caller, asked, throttle=throttle)
 
     async def _embed(self, text: str, kind: EmbeddingKind) -> store.Embedding | None:
         from memchat.model.client import EmbeddingUnavailable
@@ -250,7 +245,7 @@ class PendingRecall:
     ) -> Recalled:
         """The hits for this turn, once its context is loaded (`previous`: its
         window, oldest first). A follow-up too short to mean much alone
-        (messages.follow_up_query) searches with the previous exchange too:
+        (follow_up.py) searches with the previous exchange too:
         that query is embedded now, once the window is known, so such a turn
         waits for a second embedding; the message's own is still what is
         stored."""
@@ -263,9 +258,9 @@ class PendingRecall:
         if query is None or not await self.recall.check_column(caller):
             return Recalled(FAILED, ms=(time.perf_counter() - started) * 1000)
         text = self.message
-        expanded = messages.follow_up_query(self.message, previous or [])
+        expanded = follow_up_query(self.message, previous or [])
         if expanded is not None:
-            widened = await self.recall._embed(messages.embedding_text(expanded), "query")
+            widened = await self.recall._embed(embedding_text(expanded), "query")
             if widened is not None:
                 query, text = widened, expanded
         hits = await self.recall._hits(
