@@ -128,6 +128,7 @@ grant execute on function
   -- embeddings (functions/embeddings.sql)
   memchat.embedding_dimensions(),
   memchat.embeddable(jsonb),
+  memchat.asked(jsonb),
   memchat.unembedded_messages(uuid, uuid, text),
   memchat.says_several_things(text),
   memchat.queue_embeddings(uuid[]),

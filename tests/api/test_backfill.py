@@ -57,11 +57,17 @@ async def embedders(worker_url: str, model: FakeOpenAI) -> AsyncIterator[Callabl
         await embedder.close()
 
 
-async def imported(db: Database, caller: store.Caller, *questions: str) -> uuid.UUID:
-    """A session stored with no embedding (as an import stores it), queued."""
+async def imported(
+    db: Database, caller: store.Caller, *questions: str, answered: bool = False
+) -> uuid.UUID:
+    """A session stored with no embedding (as an import stores it), queued:
+    the questions, each with its answer when `answered` (an answer is
+    embedded too: the batching and failure cases below count questions)."""
     msgs: list[dict[str, Any]] = []
     for question in questions:
-        msgs += exchange(question, f"answer to {question}")
+        msgs += (
+            exchange(question, f"answer to {question}") if answered else [messages.human(question)]
+        )
     info = await record(db, caller, msgs)
     assert await store.queue_embeddings(db, caller, [info.id]) == 1
     return info.id
@@ -114,7 +120,11 @@ async def test_imported_messages_become_recallable(
 
     body = await chat(api, auth, QUESTION, session_id=str(uuid.uuid4()))
     assert [r["session_id"] for r in body["memory"]["recalled"]] == [str(session)]
-    # Nothing left: another run finds nothing to do.
+    # The turn queued its answer: another run embeds it (the question's
+    # embedding was the turn's), and then nothing is left to do.
+    again = await embedders().run()
+    assert (again.embedded, again.rounds, again.finished) == (1, 1, True)
+    assert model.embedding_requests[-1]["input"] == [body["answer"]]
     again = await embedders().run()
     assert (again.embedded, again.rounds, again.finished) == (0, 0, True)
 
@@ -361,10 +371,12 @@ async def test_a_turns_own_embedding_is_kept_and_tool_rounds_are_skipped(
     )
     await store.queue_embeddings(db, alice, [session])
     run = await embedders().run()
-    assert run.embedded == 1
-    assert [r["input"] for r in model.embedding_requests] == [["not yet"]]
+    # The turn's answer and the message no turn embedded; not the tool call.
+    assert run.embedded == 2
+    assert [r["input"] for r in model.embedding_requests] == [["ok", "not yet"]]
     assert stored(admin, alice.user_id) == [
         ("embedded by its turn", "text-embedding-3-small"),
+        ("ok", "text-embedding-3-small"),
         ("not yet", "text-embedding-3-small"),
     ]
 
@@ -580,7 +592,7 @@ async def test_a_long_imported_message_is_embedded_from_its_start_and_found(
 
     run = await embedders().run()
 
-    assert (run.embedded, run.failed) == (1, 0)
+    assert (run.embedded, run.failed) == (2, 0)  # the message and its answer
     sent = [text for request in model.embedding_requests for text in request["input"]]
     assert max(len(text) for text in sent) <= EMBEDDING_MAX_CHARS
     assert sent[0] == document[:EMBEDDING_MAX_CHARS]

@@ -586,25 +586,28 @@ async def test_imported_user_messages_wait_for_embeddings_until_the_backfill(
     }
 
     result = await import_(api, auth, {"sessions": [plain_session(4), plain_session(3, start=9)]})
-    assert result["embeddings_pending"] == 4  # the user messages: 2 + 2
+    assert result["embeddings_pending"] == 7  # every message with text: 4 + 3
     status = (await api.get("/sessions/import/status", headers=auth)).json()
-    assert (status["embeddings_pending"], status["recall_ready"]) == (4, False)
+    assert (status["embeddings_pending"], status["recall_ready"]) == (7, False)
     queued = admin.execute(
         "select count(*) from memchat.embedding_queue where user_id = %s", (user_id,)
     ).fetchone()
     assert queued == (2,)
 
     # What the backfill stores (here as the owner): then recall sees them all.
-    admin.execute(
+    embed = (
         "insert into memchat.message_embeddings"
         " (message_id, user_id, session_id, agent_name, created_at, embedding, model)"
         " select h.id, h.user_id, h.session_id, s.agent_name, h.created_at,"
         "        array_fill(0.1, array[%s])::extensions.vector, 'test'"
         "   from public.chat_message_history h"
         "   join public.chat_sessions s on s.id = h.session_id and s.user_id = h.user_id"
-        "  where h.user_id = %s and h.message->>'type' = 'human'",
-        (api.settings.embedding_dimensions, user_id),
+        "  where h.user_id = %s and h.message->>'type' = %s"
     )
+    admin.execute(embed, (api.settings.embedding_dimensions, user_id, "human"))
+    status = (await api.get("/sessions/import/status", headers=auth)).json()
+    assert (status["embeddings_pending"], status["recall_ready"]) == (3, False)  # the answers
+    admin.execute(embed, (api.settings.embedding_dimensions, user_id, "ai"))
     status = (await api.get("/sessions/import/status", headers=auth)).json()
     assert (status["embeddings_pending"], status["recall_ready"]) == (0, True)
     # Importing the same again queues nothing new.
@@ -624,7 +627,7 @@ async def test_messages_the_backfill_gave_up_on_are_reported_until_imported_agai
     user_id, auth = api.new_user()
     body = {"sessions": [plain_session(4, start=0), plain_session(3, start=9)]}
     result = await import_(api, auth, body)
-    assert (result["embeddings_pending"], result["embeddings_failed"]) == (4, 0)
+    assert (result["embeddings_pending"], result["embeddings_failed"]) == (7, 0)
     given_up, retried = (s["session_id"] for s in result["sessions"])
 
     # The backfill, as the worker runs it, against a provider that keeps failing:
@@ -643,15 +646,15 @@ async def test_messages_the_backfill_gave_up_on_are_reported_until_imported_agai
     assert (run.failed, run.gave_up) == (2, 1)
 
     status = (await api.get("/sessions/import/status", headers=auth)).json()
-    assert status["embeddings_pending"] == 2  # the session retried later
-    assert status["embeddings_failed"] == 2  # the one given up
+    assert status["embeddings_pending"] == 3  # the session retried later
+    assert status["embeddings_failed"] == 4  # the one given up
     assert status["recall_ready"] is False
     assert retried != given_up
 
     # The same file again: its sessions are queued again, the given-up one too.
     again = await import_(api, auth, body)
     assert [s["status"] for s in again["sessions"]] == ["skipped", "skipped"]
-    assert (again["embeddings_pending"], again["embeddings_failed"]) == (4, 0)
+    assert (again["embeddings_pending"], again["embeddings_failed"]) == (7, 0)
 
 
 # ------------------------------------------------------------ the throttle

@@ -123,18 +123,20 @@ async def test_a_hit_brings_the_exchanges_around_it(api: ApiClient, embedder: Em
 
 
 async def test_a_word_match_outranks_every_match_by_meaning_alone(
-    custom_api: Callable[..., ApiClient], embedder: Embedder
+    custom_api: Callable[..., ApiClient], embedder: Embedder, model: FakeOpenAI
 ) -> None:
     """Fusion: the one round holding the word is in both lists, so it comes
-    first (1/(60+r) + 1/61 > 1/61). The test vectors give every message the
-    same similarity to "zoomlens" (0: no shared word), so by meaning alone
-    the newer message wins the tie and the target, imported first (in a
-    request of its own: one import stores its sessions in the order of their
-    ids, not the file's), comes last: without the word list another session
-    is first. Fewer messages than the meaning list's depth (20 for k=1), so
-    the target is in it."""
+    first (1/(20+r) + 1/21 > 1/21). Every embedding here is the same vector,
+    so every message is as near to "zoomlens" as any other, and by meaning
+    alone the newer message wins the tie and the target, imported first (in
+    a request of its own: one import stores its sessions in the order of
+    their ids, not the file's), comes last: without the word list another
+    session is first. Fewer messages than the meaning list's depth (20 for
+    k=1), so the target is in it."""
     target = [("user", "which camera should I buy", at(5)), ("assistant", "the zoomlens", at(5))]
     noise = [[("user", f"tell me about subject {i} please", at(3))] for i in range(10)]
+    dimensions = custom_api().settings.embedding_dimensions
+    model.script_embeddings(*[{"vector": [0.1] * dimensions}] * 20)
     for words in (True, False):
         api = custom_api(memory_recall_min_score=-1, memory_recall_words=words)
         _, auth = api.new_user()
@@ -180,10 +182,10 @@ async def test_the_floor_holds_for_word_matches_too(
 ) -> None:
     api = custom_api(memory_recall_min_score=0.5)
     _, auth = api.new_user()
+    # Its nearest key, the answer, is far below the floor: one word of many.
+    answer = "I would go for the zoomlens since it covers portraits landscapes and street scenes"
     await import_sessions(
-        api,
-        auth,
-        [("user", "which lens should I buy", at(5)), ("assistant", "the zoomlens", at(5))],
+        api, auth, [("user", "which lens should I buy", at(5)), ("assistant", answer, at(5))]
     )
     await embedder.run()
     assert (await search(api, auth, "zoomlens")).json()["hits"] == []
@@ -227,11 +229,12 @@ async def test_a_turns_message_gets_its_fact_keys_from_the_worker_later(
     ).fetchone()
     assert row == (None, True)
     caller_pending = await api.get("/sessions/import/status", headers=auth)
-    assert caller_pending.json()["embeddings_pending"] == 1
+    # Its fact keys, and the answer's embedding.
+    assert caller_pending.json()["embeddings_pending"] == 2
 
     run = await embedder.run()
 
-    assert run.embedded == 0  # the embedding was the turn's; only the keys were added
+    assert run.embedded == 1  # the answer's; the question's was the turn's
     facts = admin.execute(
         "select count(*) from memchat.message_facts where user_id = %s", (user_id,)
     ).fetchone()
@@ -288,7 +291,8 @@ async def test_a_message_saying_one_thing_needs_no_fact_keys(
         "  where q.user_id = e.user_id) from memchat.message_embeddings e where e.user_id = %s",
         (user_id,),
     ).fetchone()
-    assert row == (True, 0)
+    # Its session is queued for the answer's embedding alone.
+    assert row == (True, 1)
 
 
 async def test_a_time_expression_favours_its_period(
@@ -342,7 +346,9 @@ async def test_search_sees_only_the_callers_memory_and_says_its_time(api: ApiCli
     body = response.json()
     assert [h["question"] for h in body["hits"]] == ["my favourite colour is teal"]
     timing = response.headers["server-timing"]
-    assert timing.startswith("recall;dur=") and float(timing.split("=")[1]) >= 0
+    parts = dict(part.strip().split(";dur=") for part in timing.split(","))
+    assert list(parts) == ["recall", "embedding"]
+    assert all(float(ms) >= 0 for ms in parts.values())
     assert body["recall_ms"] >= 0 and body["agent_name"] == "default"
 
 

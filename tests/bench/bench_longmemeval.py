@@ -235,7 +235,7 @@ async def search(
     )
     if found.status_code != 200:
         raise SystemExit(f"{question.id}: search {found.status_code} {found.text}")
-    return found.json()["hits"], _server_timing(found.headers["server-timing"])
+    return found.json()["hits"], server_timing(found.headers["server-timing"])
 
 
 def authorization(user_id: uuid.UUID) -> dict[str, str]:
@@ -303,12 +303,13 @@ def _iso(value: str) -> str:
     return datetime.fromisoformat(value).astimezone(UTC).isoformat()
 
 
-def _server_timing(header: str) -> float:
+def server_timing(header: str, metric: str = "recall") -> float:
+    """A Server-Timing header's duration of `metric`, in milliseconds."""
     for part in header.split(","):
         name, _, rest = part.strip().partition(";")
-        if name == "recall":
+        if name == metric:
             return float(rest.partition("dur=")[2])
-    raise ValueError(f"no recall timing in {header!r}")
+    raise ValueError(f"no {metric} timing in {header!r}")
 
 
 async def until_recall_ready(
@@ -328,11 +329,9 @@ async def until_recall_ready(
     raise SystemExit("the backfill did not finish: is the embeddings server answering?")
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="a LongMemEval JSON file")
-    parser.add_argument("--questions", type=int, default=0, help="only the first N (0: all)")
-    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="embeddings cache")
+def product_arguments(parser: argparse.ArgumentParser, cache: Path) -> None:
+    """The options `product` reads: --cache, --min-score, --set, --embeddings."""
+    parser.add_argument("--cache", type=Path, default=cache, help="embeddings cache")
     parser.add_argument(
         "--min-score",
         type=float,
@@ -350,6 +349,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         " all-MiniLM-L6-v2 one; name its model and size with --set openai_embedding_model=..."
         " --set embedding_dimensions=... (and prefixes: embedding_query_prefix=...)",
     )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="a LongMemEval JSON file")
+    parser.add_argument("--questions", type=int, default=0, help="only the first N (0: all)")
+    product_arguments(parser, DEFAULT_CACHE)
     parser.add_argument("--verbose", action="store_true", help="a line per question")
     asyncio.run(run(parser.parse_args(argv)))
 

@@ -219,7 +219,7 @@ OWNER_INDEXES = {
 # A bucket that never runs dry: the turn pays for the write, never a refusal.
 THROTTLE = Rate(per_minute=1e9, burst=1_000_000)
 
-# memchat.recall's statements (supabase/migrations/supabase/schemas/functions/recall.sql), for
+# memchat.recall's statements (supabase/schemas/functions/recall.sql), for
 # EXPLAIN: prepared statements whose parameters are the function's variables,
 # so the plan cache picks custom or generic plans as it does for PL/pgSQL.
 # The nearest keys by vector: $1 v_uid, $2 p_agent_name, $3 p_model,
@@ -237,29 +237,45 @@ select array(
      limit $7)
 """
 MEANING_TYPES = "uuid, text, text, uuid, bigint, extensions.vector, integer"
-# The rounds holding the words (memchat.owned_rounds_matching): $1-$5 as
-# above, $6 v_words, $7 v_depth, $8 the words with the owner's lexeme
-# (enable_bitmapscan on).
+# The rounds holding the words (memchat.owned_rounds_matching), by BM25: $1-$5
+# as above, $6 v_words, $7 v_depth, $8 the words with the owner's lexeme, $9
+# the caller's rounds (enable_bitmapscan on).
 WORDS = """
-prepare bench_words (uuid, text, text, uuid, bigint, tsquery, integer, tsquery) as
+prepare bench_words (uuid, text, text, uuid, bigint, tsquery, integer, tsquery, bigint) as
+with matched as materialized (
+  select e.message_id, e.lexemes, pg_catalog.length(e.lexemes) as size
+    from memchat.message_embeddings e
+    join public.chat_sessions s on s.id = e.session_id and s.user_id = e.user_id
+   where e.user_id = $1 and e.agent_name = $2 and e.model = $3
+     and s.status = 'active' and s.expires_at > now()
+     and ($4 is null or e.session_id <> $4 or e.message_id < $5)
+     and e.lexemes operator(pg_catalog.@@) $8
+), weighed as materialized (
+  select d.word, ln(1 + (greatest($9, d.matched) - d.rounds + 0.5) / (d.rounds + 0.5)) as idf,
+         d.size
+    from (select w.word, count(*) filter (where m.lexemes @@ w.word) as rounds,
+                 count(*) as matched, greatest(avg(m.size), 1) as size
+            from (select distinct ('''' || l[1] || '''')::tsquery as word
+                    from regexp_matches($6::text, '''((?:[^'']|'''')+)''', 'g') l) w
+           cross join matched m
+           group by w.word) d
+)
 select array(
-    select e.message_id
-      from memchat.message_embeddings e
-      join public.chat_sessions s on s.id = e.session_id and s.user_id = e.user_id
-     where e.user_id = $1 and e.agent_name = $2 and e.model = $3
-       and s.status = 'active' and s.expires_at > now()
-       and ($4 is null or e.session_id <> $4 or e.message_id < $5)
-       and e.lexemes operator(pg_catalog.@@) $8
-     order by ts_rank(e.lexemes, $6, 1) desc, e.message_id desc
+    select m.message_id
+      from matched m
+      join weighed w on m.lexemes @@ w.word
+     group by m.message_id, m.size
+     order by sum(w.idf) * 2.2 / (1 + 1.2 * (0.6 + 0.4 * m.size / min(w.size))) desc,
+              m.message_id desc
      limit $7)
 """
-WORDS_TYPES = "uuid, text, text, uuid, bigint, tsquery, integer, tsquery"
+WORDS_TYPES = "uuid, text, text, uuid, bigint, tsquery, integer, tsquery, bigint"
 # The fused candidates, scored: $1 v_meaning, $2 v_matching, $3 v_period,
 # $4 p_query, $5 p_model (enable_bitmapscan on, as the words list left it).
 FUSED = """
 prepare bench_fused (bigint[], bigint[], bigint[], extensions.vector, text) as
 with fused as (
-  select l.id, sum(1.0 / (60 + l.r)) as fused
+  select l.id, sum(1.0 / (20 + l.r)) as fused
     from (select * from unnest($1) with ordinality as a(id, r)
           union all select * from unnest($2) with ordinality as b(id, r)
           union all select * from unnest($3) with ordinality as c(id, r)) l
@@ -269,7 +285,10 @@ select f.id as message_id, e.embedding, f.fused, f.id = any($2) as worded,
        1 - least(e.embedding operator(extensions.<=>) $4,
                  (select min(x.embedding operator(extensions.<=>) $4)
                     from memchat.message_facts x
-                   where x.message_id = f.id and x.model = $5)) as score
+                   where x.message_id = f.id and x.model = $5),
+                 (select min(y.embedding operator(extensions.<=>) $4)
+                    from memchat.message_embeddings y
+                   where y.exchange_id = f.id and y.model = $5)) as score
   from fused f
   join memchat.message_embeddings e on e.message_id = f.id
  order by f.fused desc, f.id desc
@@ -527,8 +546,9 @@ def fill(
     maintenance_work_mem: str = "1GB",
     punctuation: str = "none",
 ) -> Filled:
-    """Users, sessions, messages (question + answer), embeddings and fact keys,
-    interleaved; each query's text written with `punctuation` (PUNCTUATION)."""
+    """Users, sessions, messages (question + answer), embeddings (the
+    question's and the answer's) and fact keys, interleaved; each query's text
+    written with `punctuation` (PUNCTUATION)."""
     started = time.perf_counter()
     rng = vectors.rng
     words = Words(rng)
@@ -633,6 +653,15 @@ def fill(
     ids = base + 2 * np.arange(total, dtype=np.int64)
     drop_migration_hnsw(admin)
     copy_embeddings(admin, ids, turn_users, turn_sessions, turn_times, all_vectors)
+    # Each answer's embedding, a key of its exchange as the backfill makes it
+    # (memchat.index_round names the exchange): near its question's.
+    noise = rng.standard_normal(all_vectors.shape).astype(np.float32)
+    answer_vectors = all_vectors + noise * np.float32(0.75 / math.sqrt(vectors.dims))
+    answer_vectors /= np.linalg.norm(answer_vectors, axis=1, keepdims=True)
+    del noise
+    answer_times = [t + timedelta(seconds=1) for t in turn_times]
+    copy_embeddings(admin, ids + 1, turn_users, turn_sessions, answer_times, answer_vectors)
+    del answer_vectors
     facts = copy_facts(
         admin,
         ids,
@@ -833,7 +862,7 @@ def explain(admin_url: str, owner: Owner, label: str, words: bool) -> str:
                 (owner.caller.user_id, tsquery),
             ).fetchone()
             owned = row[0] if row else None
-            args = (*owner_args, tsquery, depth, owned)
+            args = (*owner_args, tsquery, depth, owned, owner.size // 2)
             (matching,) = plan("bench_words", WORDS, WORDS_TYPES, args)[0]
         plan("bench_fused", FUSED, FUSED_TYPES, (meaning, matching, [], query, MODEL))
     return f"{label}, {owner.size:,} messages:\n" + "\n\n".join(out)

@@ -186,18 +186,30 @@ def table(scored: Iterable[Scored]) -> tuple[list[str], list[list[str]]]:
 def intervals(
     kept: Sequence[Scored], *, resamples: int = 2000, seed: int = 0
 ) -> dict[str, tuple[float, float]]:
-    """Each metric's 95% percentile-bootstrap interval of the mean over `kept`:
-    the questions drawn again with replacement `resamples` times (seeded, so a
-    rerun prints the same). How far a figure could move on another split of
-    the same size: with 95 questions one question is 0.011."""
-    if not kept:
-        return {m: (0.0, 0.0) for m in METRICS}
+    """Each metric's 95% bootstrap interval of the mean over `kept` (bootstrap_spans)."""
+    return bootstrap_spans([s.metrics for s in kept], METRICS, resamples=resamples, seed=seed)
+
+
+def bootstrap_spans(
+    scores: Sequence[Mapping[str, float]],
+    metrics: Sequence[str],
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> dict[str, tuple[float, float]]:
+    """Each metric's 95% percentile-bootstrap interval of the mean over the
+    questions' `scores`: the questions drawn again with replacement
+    `resamples` times (seeded, so a rerun prints the same). How far a figure
+    could move on another split of the same size: with 95 questions one
+    question is 0.011."""
+    if not scores:
+        return {m: (0.0, 0.0) for m in metrics}
     rng = random.Random(seed)
-    n = len(kept)
+    n = len(scores)
     draws = [[rng.randrange(n) for _ in range(n)] for _ in range(resamples)]
     spans = {}
-    for metric in METRICS:
-        values = [s.metrics[metric] for s in kept]
+    for metric in metrics:
+        values = [s[metric] for s in scores]
         means = sorted(math.fsum(values[i] for i in draw) / n for draw in draws)
         spans[metric] = (means[int(0.025 * resamples)], means[math.ceil(0.975 * resamples) - 1])
     return spans

@@ -46,19 +46,25 @@ def empty_queue(admin: psycopg.Connection) -> None:
     admin.execute("delete from memchat.embedding_queue")
 
 
-async def imported(db: Database, caller: store.Caller, *questions: str) -> store.SessionInfo:
+async def imported(
+    db: Database, caller: store.Caller, *questions: str, answered: bool = True
+) -> store.SessionInfo:
     """A session stored without embeddings, as an import stores it: a
-    question and its answer each, a tool round and a blank message too."""
+    question and its answer each, a tool round and a blank message too.
+    Not `answered`: the questions alone, and the tool round without its
+    answer (only the questions are to embed: the lease's tests count them)."""
     msgs: list[dict[str, Any]] = []
     for question in questions:
-        msgs += exchange(question, f"answer to {question}")
+        msgs += (
+            exchange(question, f"answer to {question}") if answered else [messages.human(question)]
+        )
     # The model's tool round after the last question: no user message in it.
-    msgs += tool_exchange("", "done", call_id=f"c-{uuid.uuid4().hex[:6]}")[1:]
+    msgs += tool_exchange("", "done", call_id=f"c-{uuid.uuid4().hex[:6]}")[1 : 4 if answered else 3]
     msgs.append(messages.human("   "))  # nothing to embed
     return await record(db, caller, msgs)
 
 
-def user_message_ids(admin: psycopg.Connection, session_id: uuid.UUID) -> list[int]:
+def embeddable_ids(admin: psycopg.Connection, session_id: uuid.UUID) -> list[int]:
     rows = admin.execute(
         "select id from public.chat_message_history where session_id = %s"
         " and memchat.embeddable(message) order by id",
@@ -117,8 +123,9 @@ async def test_pending_counts_the_callers_queued_user_messages_without_embedding
     await imported(db, bob, "red")
     assert await store.embeddings_pending(db, alice) == 0  # nothing queued yet
     await store.queue_embeddings(db, alice, [first.id, second.id])
-    # Two and one user messages with text: answers, tool rounds, the blank one are not.
-    assert await store.embeddings_pending(db, alice) == 3
+    # Each message with text, the user's and the assistant's (the tool round's
+    # last answer too): 5 and 3. Not the tool call, its result, the blank one.
+    assert await store.embeddings_pending(db, alice) == 8
     assert await store.embeddings_pending(db, bob) == 0
     assert unqueued.id not in queued(admin)
 
@@ -128,13 +135,17 @@ async def test_pending_counts_the_callers_queued_user_messages_without_embedding
         if i.session_id == second.id
     ] or [None]
     assert item is not None
-    (message,) = await store.unembedded(worker, item, model=MODEL, after=0, limit=10)
-    assert message.text == "Miso"
-    embedding = store.Embedding(MODEL, vector())
-    assert await store.save_embeddings(worker, [message], [embedding]) == 1
-    assert await store.embeddings_pending(db, alice) == 2
+    found = await store.unembedded(worker, item, model=MODEL, after=0, limit=10)
+    assert [(m.text, m.asked) for m in found] == [
+        ("Miso", True),
+        ("answer to Miso", False),
+        ("done", False),
+    ]
+    embeddings = [store.Embedding(MODEL, vector()) for _ in found]
+    assert await store.save_embeddings(worker, found, embeddings) == 3
+    assert await store.embeddings_pending(db, alice) == 5
     assert await store.embeddings_done(worker, item, model=MODEL) is True
-    assert await store.embeddings_pending(db, alice) == 2  # the other session waits
+    assert await store.embeddings_pending(db, alice) == 5  # the other session waits
 
 
 async def test_the_api_role_cannot_act_as_the_worker(
@@ -180,22 +191,22 @@ async def test_the_worker_embeds_only_through_a_live_lease(
     db: Database, users: UserFactory, admin: psycopg.Connection, worker: Database
 ) -> None:
     alice = users.create()
-    info = await imported(db, alice, "teal", "Lisbon", "Miso")
-    other = await imported(db, alice, "not leased")
+    info = await imported(db, alice, "teal", "Lisbon", "Miso", answered=False)
+    other = await imported(db, alice, "not leased", answered=False)
     await store.queue_embeddings(db, alice, [info.id])
     (item,) = await store.claim_embeddings(worker, limit=10, lease_seconds=60)
     assert (item.session_id, item.attempts) == (info.id, 0)
     # Leased: a second claim skips it.
     assert await store.claim_embeddings(worker, limit=10, lease_seconds=60) == []
 
-    ids = user_message_ids(admin, info.id)
+    ids = embeddable_ids(admin, info.id)
     page = await store.unembedded(worker, item, model=MODEL, after=0, limit=2)
     assert [(m.id, m.text) for m in page] == list(zip(ids[:2], ["teal", "Lisbon"], strict=True))
     rest = await store.unembedded(worker, item, model=MODEL, after=page[-1].id, limit=2)
     assert [m.text for m in rest] == ["Miso"]
 
     # A message of a session it holds no lease of is not stored.
-    (foreign,) = user_message_ids(admin, other.id)
+    (foreign,) = embeddable_ids(admin, other.id)
     forged = store.Unembedded(item.lease, foreign, "not leased")
     embeddings = [store.Embedding(MODEL, vector())] * 4
     assert await store.save_embeddings(worker, [*page, *rest, forged], embeddings) == 3
@@ -214,7 +225,7 @@ async def test_an_expired_lease_reads_and_writes_nothing(
     db: Database, users: UserFactory, admin: psycopg.Connection, worker: Database
 ) -> None:
     alice = users.create()
-    info = await imported(db, alice, "teal")
+    info = await imported(db, alice, "teal", answered=False)
     await store.queue_embeddings(db, alice, [info.id])
     (item,) = await store.claim_embeddings(worker, limit=10, lease_seconds=60)
     (message,) = await store.unembedded(worker, item, model=MODEL, after=0, limit=10)
@@ -231,8 +242,8 @@ async def test_another_models_embedding_is_replaced_and_the_same_models_kept(
     db: Database, users: UserFactory, admin: psycopg.Connection, worker: Database
 ) -> None:
     alice = users.create()
-    info = await imported(db, alice, "teal", "Lisbon")
-    first, second = user_message_ids(admin, info.id)
+    info = await imported(db, alice, "teal", "Lisbon", answered=False)
+    first, second = embeddable_ids(admin, info.id)
     for message_id, model in ((first, "old-model"), (second, MODEL)):
         admin.execute(
             "insert into memchat.message_embeddings"
@@ -272,7 +283,7 @@ async def test_failures_back_off_and_give_up(
     db: Database, users: UserFactory, admin: psycopg.Connection, worker: Database
 ) -> None:
     alice = users.create()
-    info = await imported(db, alice, "teal")
+    info = await imported(db, alice, "teal", answered=False)
     await store.queue_embeddings(db, alice, [info.id])
     (item,) = await store.claim_embeddings(worker, limit=10, lease_seconds=60)
     await store.embeddings_failed(worker, item, retry_in=120)
@@ -304,9 +315,9 @@ async def test_the_backlog_counts_only_the_callers_live_sessions(
     """Under RLS: another user's given-up session, and the caller's own given
     up but cleared or expired (never recalled anyway), count for nobody."""
     alice, bob = users.create(), users.create()
-    kept = await imported(db, alice, "teal", "Lisbon")
-    cleared = await imported(db, alice, "Miso")
-    theirs = await imported(db, bob, "red")
+    kept = await imported(db, alice, "teal", "Lisbon", answered=False)
+    cleared = await imported(db, alice, "Miso", answered=False)
+    theirs = await imported(db, bob, "red", answered=False)
     await store.queue_embeddings(db, alice, [kept.id, cleared.id])
     await store.queue_embeddings(db, bob, [theirs.id])
     admin.execute("update memchat.embedding_queue set attempts = 8, next_attempt_at = 'infinity'")
@@ -346,7 +357,11 @@ async def test_a_deleted_session_leaves_the_queue(
 def test_one_rule_says_which_messages_get_an_embedding(admin: psycopg.Connection) -> None:
     cases = {
         "a question": (messages.human("what is my colour?"), True),
-        "an answer": (messages.ai("teal"), False),
+        "an answer": (messages.ai("teal"), True),
+        "a tool call with text": (
+            messages.ai("let me look", tool_calls=[{"id": "c", "name": "t", "args": {}}]),
+            False,
+        ),
         "a tool result": (messages.tool("ok", tool_call_id="c", name="t"), False),
         "blank": (messages.human(" \n\t"), False),
         "not text": ({"type": "human", "data": {"content": [{"type": "text"}]}}, False),
@@ -377,11 +392,11 @@ async def test_reembed_queues_what_lacks_the_models_embedding_and_resizes_the_co
     alice = UserFactory(owner).create()
     api = Database(own_database.api_url)
     try:
-        done = await imported(api, alice, "teal")
-        lacking = await imported(api, alice, "Lisbon", "Miso")
+        done = await imported(api, alice, "teal", answered=False)
+        lacking = await imported(api, alice, "Lisbon", "Miso", answered=False)
     finally:
         await api.close()
-    (embedded,) = user_message_ids(owner, done.id)
+    (embedded,) = embeddable_ids(owner, done.id)
     owner.execute(
         "insert into memchat.message_embeddings"
         " (message_id, user_id, session_id, agent_name, created_at, model, embedding)"

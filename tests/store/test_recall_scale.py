@@ -506,7 +506,7 @@ def test_the_word_list_reads_only_the_callers_rounds(own: Fresh) -> None:
     ):
         conn.execute(
             "select memchat.owned_rounds_matching(%s, 'default', %s, to_tsquery('parrot'),"
-            " to_tsquery('parrot'), null, 9223372036854775807, 10, false)",
+            " to_tsquery('parrot'), null, 9223372036854775807, 10, 10)",
             (bob.user_id, MODEL),
         )
 
@@ -744,7 +744,7 @@ def test_a_long_historys_word_list_is_planned_for_its_words(own: Fresh) -> None:
             kept = scalar(
                 conn,
                 "select count(*) from pg_backend_memory_contexts"
-                " where name = 'CachedPlan' and ident like '%%ts_rank(e.lexemes%%'",
+                " where name = 'CachedPlan' and ident like '%%with matched as materialized%%'",
             )
         return ids, kept > 0
 

@@ -121,7 +121,9 @@ async def unembedded(
     lease is gone)."""
     found = await _call(db, None, _SOURCE, (item.lease, model, after, limit))
     return [
-        Unembedded(item.lease, int(m["id"]), m["text"], bool(m.get("embedded")))
+        Unembedded(
+            item.lease, int(m["id"]), m["text"], bool(m.get("embedded")), bool(m.get("asked"))
+        )
         for m in found or []
     ]
 

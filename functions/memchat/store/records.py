@@ -331,10 +331,11 @@ class EmbeddingBacklog:
 
 @dataclass(frozen=True)
 class Unembedded:
-    """A stored user message that needs an embedding or its fact keys, in a
-    leased session."""
+    """A stored message (the user's or the assistant's) that needs an
+    embedding or its fact keys, in a leased session."""
 
     lease: uuid.UUID
     id: int
     text: str
     embedded: bool = False  # it has its embedding: only its fact keys are missing
+    asked: bool = True  # the user's (fact keys are a user message's); else an answer

@@ -274,7 +274,8 @@ class Embedder:
             keys = [
                 (m, i, v) for (m, i, _), v in zip(facts, vectors[len(documents) :], strict=True)
             ]
-            await store.save_facts(self.db, request, name, keys)
+            # Marked made: the user messages (an answer has no fact keys to make).
+            await store.save_facts(self.db, [m for m in request if m.asked], name, keys)
             run.embedded += stored
             if self.on_stored is not None:
                 self.on_stored(stored)
@@ -287,12 +288,14 @@ class Embedder:
         """The fact keys of a request's messages, as MEMORY_RECALL_FACTS makes
         them; None when the chat model failed one of its facts requests."""
         mode = self.settings.memory_recall_facts
+        # Fact keys are a user message's: an answer is one key, its own.
+        asked = [m for m in request if m.asked]
         if mode == "off":
             return []
         if mode == "rule":
-            return _rule_facts(request)
+            return _rule_facts(asked)
         sessions: dict[uuid.UUID, list[store.Unembedded]] = {}
-        for m in request:
+        for m in asked:
             sessions.setdefault(m.lease, []).append(m)
         calls = [
             [said[index] for index in indexes]

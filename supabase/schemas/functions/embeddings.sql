@@ -15,8 +15,8 @@
 --   (memchat.embedding_backlog); the worker (`memchat_worker`) leases
 --   queue items and acts only through the SECURITY DEFINER functions below,
 --   each naming its lease.
--- * Which messages get an embedding is memchat.embeddable (user messages
---   with text), which of them still need the backfill
+-- * Which messages get an embedding is memchat.embeddable (the user's and
+--   the assistant's, with text), which of them still need the backfill
 --   memchat.unembedded_messages: written once, used by every function here.
 
 -- The stored column's size, for the API's start-up check (and the worker,
@@ -31,11 +31,24 @@ begin
 end
 $$;
 
--- A message that gets an embedding: the user's, with text. Not
--- SECURITY DEFINER and without a search_path of its own, so the planner
--- inlines it into each query (it reads no table and names only built-in
--- operators, which pg_catalog resolves first).
+-- A message that gets an embedding: the user's or the assistant's, with
+-- text (an assistant's tool call is neither). Recall finds an exchange by
+-- what either side said. Not SECURITY DEFINER and without a search_path of
+-- its own, so the planner inlines it into each query (it reads no table and
+-- names only built-in operators, which pg_catalog resolves first).
 create function memchat.embeddable(p_message jsonb) returns boolean
+language sql immutable parallel safe
+as $$
+  select p_message->>'type' in ('human', 'ai')
+     and jsonb_typeof(p_message->'data'->'content') = 'string'
+     and p_message->'data'->>'content' ~ '\S'
+     and coalesce(jsonb_array_length(p_message->'data'->'tool_calls'), 0) = 0
+$$;
+
+-- A message that opens an exchange: the user's, with text. Its answers are
+-- the assistant's messages after it, up to the next one (memchat.answer_after).
+-- Inlined as memchat.embeddable is.
+create function memchat.asked(p_message jsonb) returns boolean
 language sql immutable parallel safe
 as $$
   select p_message->>'type' = 'human'
@@ -179,8 +192,8 @@ $$;
 
 -- Up to p_limit messages of a leased item's session that need the
 -- backfill for p_model, after message p_after, oldest first: [{"id", "text",
--- "embedded"}] ("embedded": it has its embedding of p_model, only its fact
--- keys are missing); [] when none is left, the session is no longer live or
+-- "asked", "embedded"}] ("asked": the user's, memchat.asked; "embedded": it
+-- has its embedding of p_model, only its fact keys are missing); [] when none is left, the session is no longer live or
 -- the lease is gone.
 create function memchat.embedding_source(
   p_lease uuid, p_model text, p_after bigint, p_limit integer
@@ -193,6 +206,7 @@ begin
   return (
     select coalesce(jsonb_agg(jsonb_build_object(
              'id', m.id, 'text', m.message->'data'->>'content',
+             'asked', memchat.asked(m.message),
              'embedded', exists (select 1 from memchat.message_embeddings e
                                   where e.message_id = m.id and e.user_id = m.user_id
                                     and e.model = p_model))

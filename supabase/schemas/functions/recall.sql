@@ -14,14 +14,15 @@
 
 -- The caller's recall keys of one agent and model in live sessions, outside
 -- the window (message ids from p_floor on, in p_session_id): each message's
--- embedding and its fact keys. Inlined into memchat.recall's statements,
--- running with its caller's rights.
+-- embedding and its fact keys, each named by its exchange (an answer's key
+-- is its question's). Inlined into memchat.recall's statements, running with
+-- its caller's rights.
 create function memchat.recall_keys(
   p_uid uuid, p_agent_name text, p_model text, p_session_id uuid, p_floor bigint
 ) returns table (message_id bigint, created_at timestamptz, embedding extensions.vector)
 language sql stable
 as $$
-  select e.message_id, e.created_at, e.embedding
+  select coalesce(e.exchange_id, e.message_id), e.created_at, e.embedding
     from memchat.message_embeddings e
     join public.chat_sessions s on s.id = e.session_id and s.user_id = e.user_id
    where e.user_id = p_uid and e.agent_name = p_agent_name and e.model = p_model
@@ -165,7 +166,8 @@ begin
     return false;
   end if;
   -- The caller's p_limit keys nearest to p_query of each kind (a message's
-  -- own embedding, its fact keys), through the indexes: each scan going on
+  -- own embedding, its fact keys), each named by its exchange, through the
+  -- indexes: each scan going on
   -- until it has its rows of the caller's (hnsw.iterative_scan, set by
   -- memchat.recall), ordered in half precision, each with its distance from
   -- the stored vector. Under the caller's rights (row-level security).
@@ -181,7 +183,8 @@ begin
       v_query %1$s := p_query::%1$s;
     begin
       return query
-        (select e.message_id, e.session_id, e.embedding operator(extensions.<=>) p_query
+        (select coalesce(e.exchange_id, e.message_id), e.session_id,
+                e.embedding operator(extensions.<=>) p_query
            from memchat.message_embeddings e
           where e.user_id = p_uid and e.agent_name = p_agent_name and e.model = p_model
           order by (e.embedding::%1$s) operator(extensions.<=>) v_query
@@ -219,23 +222,28 @@ $$;
 
 -- ------------------------------------------------------- the hits
 
--- The first assistant message after p_message_id in its session that is not
--- a tool call: its text. Not SECURITY DEFINER and without a search_path of
--- its own, so the planner inlines it where it is read in FROM (it names
--- only built-in operators and functions, which pg_catalog resolves first):
+-- The answers to p_message_id: the assistant's messages with text after it
+-- in its session (memchat.embeddable: not tool calls) up to the next user
+-- message (memchat.asked), joined by blank lines; null when nothing answered
+-- it. Not SECURITY DEFINER and without a search_path of its own, so the
+-- planner inlines it where it is read in FROM (it names only built-in
+-- operators and functions, which pg_catalog resolves first):
 -- memchat.recall_hits reads every answer in its one statement. Under the
 -- caller's rights.
 create function memchat.answer_after(p_user_id uuid, p_session_id uuid, p_message_id bigint)
 returns table (content text)
 language sql stable
 as $$
-  select x.message->'data'->>'content'
+  select pg_catalog.string_agg(x.message->'data'->>'content', E'\n\n' order by x.id)
     from public.chat_message_history x
    where x.user_id = p_user_id and x.session_id = p_session_id and x.id > p_message_id
-     and x.message->>'type' = 'ai'
-     and coalesce(pg_catalog.jsonb_array_length(x.message->'data'->'tool_calls'), 0) = 0
-   order by x.id
-   limit 1
+     and x.id < coalesce((select n.id from public.chat_message_history n
+                           where n.user_id = p_user_id and n.session_id = p_session_id
+                             and n.id > p_message_id and memchat.asked(n.message)
+                           order by n.id
+                           limit 1), 9223372036854775807)
+     and x.message->>'type' = 'ai' and memchat.embeddable(x.message)
+  having pg_catalog.count(*) > 0
 $$;
 
 -- The same as a value, for memchat.index_round (functions/words.sql).
@@ -254,7 +262,8 @@ $$;
 
 -- What the caller reads of recall's hits, from the ids (and scores) it
 -- chose, best first: [{message_id, session_id, created_at, score, title,
--- question, answer, before, after}]. `before` is the exchange before the
+-- question, answer, before, after}]; a hit that is an assistant message no
+-- user message came before (it opens its session) has question ''. `before` is the exchange before the
 -- hit in its session (what the hit often answers or goes on from), `after`
 -- the exchange after it (what often answers or corrects it: "actually, it
 -- was Tuesday"), each cut to 1,000 characters; in the turn's session
@@ -280,8 +289,10 @@ begin
              'created_at', h.created_at,
              'score', hit.score,
              'title', s.title,
-             'question', left(h.message->'data'->>'content', 2000),
-             'answer', left(ha.content, 2000),
+             'question', case when memchat.asked(h.message)
+                              then left(h.message->'data'->>'content', 2000) else '' end,
+             'answer', left(case when memchat.asked(h.message) then ha.content
+                                 else h.message->'data'->>'content' end, 2000),
              'before', case when b.id is not null then jsonb_build_object(
                'message_id', b.id,
                'question', left(b.message->'data'->>'content', 1000),
@@ -300,7 +311,7 @@ begin
       left join lateral (
            select x.id, x.message from public.chat_message_history x
             where x.user_id = h.user_id and x.session_id = h.session_id and x.id < h.id
-              and memchat.embeddable(x.message)
+              and memchat.asked(x.message)
             order by x.id desc limit 1) b on true
       left join lateral memchat.answer_after(h.user_id, h.session_id, b.id) ba on true
       -- The exchange after it: what often answers or corrects it. In the
@@ -309,7 +320,7 @@ begin
            select x.id, x.message from public.chat_message_history x
             where x.user_id = h.user_id and x.session_id = h.session_id and x.id > h.id
               and (p_session_id is null or x.session_id <> p_session_id or x.id < p_floor)
-              and memchat.embeddable(x.message)
+              and memchat.asked(x.message)
             order by x.id limit 1) a on true
       left join lateral memchat.answer_after(h.user_id, h.session_id, a.id) aa on true),
     '[]'::jsonb);
@@ -318,9 +329,9 @@ $$;
 
 -- ------------------------------------------------------- recall
 
--- The caller's earlier user messages of one agent and model (p_model: the
--- query's embedding model; those of another are never compared) most like
--- the turn's message (p_query, its embedding; p_text, its text), at most
+-- The caller's earlier exchanges of one agent and model (p_model: the
+-- query's embedding model; those of another are never compared), by what
+-- either side said, most like the turn's message (p_query, its embedding; p_text, its text), at most
 -- p_k, best first, as memchat.recall_hits gives them: in live sessions only
 -- (not expired; cleared ones have no messages left), never the last
 -- p_window conversational messages of p_session_id (the turn's session;
@@ -438,7 +449,7 @@ begin
    where s.user_id = v_uid and s.agent_name = p_agent_name
      and s.status = 'active' and s.expires_at > now();
 
-  -- A message is as near as its nearest key (its own embedding or a fact's).
+  -- An exchange is as near as its nearest key (its question's, an answer's, a fact's).
   if v_messages >= memchat.ann_from_messages() and memchat.recall_index_ready() then
     -- The rows of the caller's partition as the statistics know them (-1:
     -- never analysed): the HNSW scan runs in that partition's index only.
@@ -503,7 +514,7 @@ begin
   -- three lists (measured on LongMemEval, docs/benchmarks.md). The
   -- candidates come best fused first, each with its similarity to the query
   -- (its own embedding's or its nearest fact key's) computed as it is
-  -- fetched.
+  -- fetched (its question's, an answer's or a fact key's, the nearest).
   open v_cursor for
     select f.id as message_id, f.fused::double precision as fused, e.session_id, e.embedding,
            e.score
@@ -519,7 +530,11 @@ begin
                          (select min(k.embedding operator(extensions.<=>) p_query)
                             from memchat.message_facts k
                            where k.message_id = f.id and k.user_id = v_uid
-                             and k.model = p_model)) as score
+                             and k.model = p_model),
+                         (select min(y.embedding operator(extensions.<=>) p_query)
+                            from memchat.message_embeddings y
+                           where y.exchange_id = f.id and y.user_id = v_uid
+                             and y.model = p_model)) as score
           from memchat.message_embeddings x
          where x.message_id = f.id and x.user_id = v_uid
         offset 0) e

@@ -3,7 +3,7 @@
 -- the GIN index of memchat.message_embeddings.lexemes
 -- (tables/recall_keys.sql).
 --
--- * A round's lexemes: its user message's (weight A) and its answer's (B),
+-- * A round's lexemes: its user message's (weight A) and its answers' (B),
 --   filled when its embedding is stored, by whichever path stores it (a
 --   turn, the backfill: trigger message_embeddings_index_round), and its
 --   owner's lexeme, so that the GIN index finds one user's rounds: without
@@ -75,34 +75,54 @@ end
 $$;
 
 -- The trigger that fills a stored embedding's round (trigger
--- message_embeddings_index_round): its lexemes, and whether its fact keys
--- are due (the message says several things: the backfill makes them, its
--- session queued, a given-up one ready again). Runs as whoever inserts the
--- embedding (a turn: the caller, under RLS; the backfill: the owner, in its
--- SECURITY DEFINER functions), with no grant of its own.
+-- message_embeddings_index_round). A user message's: its lexemes, whether
+-- its fact keys are due (the message says several things), and, once it has
+-- an answer, its session queued for the answer's embedding (the backfill
+-- makes both, off the turn's path; a given-up session is ready again). An
+-- assistant message's: the exchange it is a key of (the last user message
+-- before it in its session: memchat.asked), with no lexemes of its own (its
+-- question's round holds them) and no fact keys; one that opens its session
+-- is its own exchange, its text its round (weight B, as an answer's). Runs
+-- as whoever inserts the embedding (a turn: the caller, under RLS; the
+-- backfill: the owner, in its SECURITY DEFINER functions), with no grant of
+-- its own.
 create function memchat.index_round() returns trigger
 language plpgsql
 set search_path = ''
 as $$
 declare
-  v_text text;
+  v_message jsonb;
+  v_answer text;
 begin
-  select h.message->'data'->>'content',
-         memchat.owned_lexemes(
-           memchat.round_lexemes(h.message->'data'->>'content', memchat.answer_of(h.id)),
-           new.user_id)
-    into v_text, new.lexemes
+  select h.message into v_message
     from public.chat_message_history h
    where h.id = new.message_id;
-  if memchat.says_several_things(v_text) then
+  if v_message->>'type' = 'ai' then
+    new.facts_model := new.model;
+    new.exchange_id := (
+      select x.id from public.chat_message_history x
+       where x.user_id = new.user_id and x.session_id = new.session_id
+         and x.id < new.message_id and memchat.asked(x.message)
+       order by x.id desc
+       limit 1);
+    new.lexemes := case when new.exchange_id is null then memchat.owned_lexemes(
+                     memchat.round_lexemes(null, v_message->'data'->>'content'), new.user_id) end;
+    return new;
+  end if;
+  v_answer := memchat.answer_of(new.message_id);
+  new.exchange_id := null;
+  new.lexemes := memchat.owned_lexemes(
+    memchat.round_lexemes(v_message->'data'->>'content', v_answer), new.user_id);
+  if memchat.says_several_things(v_message->'data'->>'content') then
     new.facts_model := null;
-    -- The backfill adds the fact keys (a given-up session is ready again).
+  else
+    new.facts_model := new.model;
+  end if;
+  if new.facts_model is null or v_answer is not null then
     insert into memchat.embedding_queue as q (session_id, user_id)
     values (new.session_id, new.user_id)
     on conflict (session_id, user_id) do update set attempts = 0, next_attempt_at = now()
      where q.next_attempt_at = 'infinity';
-  else
-    new.facts_model := new.model;
   end if;
   return new;
 end
@@ -284,20 +304,29 @@ as $$ select 2000 $$;
 
 -- The owner's rounds of one agent and model in live sessions, outside the
 -- window (message ids from p_floor on, in p_session_id), whose lexemes
--- match p_owned (the owner's lexeme and p_words), best first by their rank
--- for p_words (ts_rank normalised by the round's length: 1 + log). PL/pgSQL,
--- whose statements are planned through the plan cache on every PostgreSQL
--- version (before 18 a SQL function's statements are planned at every call,
--- and without their parameters' values), with the call's values when a
--- plan of its own is made. p_planned chooses: a plan for this call's words
--- and caller, with the caller's partition pruned while planning, for a long
--- history (a generic plan ANDs the words' GIN index with the owner index
--- and reads every one of the caller's entries from the latter), else the
--- connection's cached generic plan, made once. Bitmap scans on: the GIN
--- index is read through one. Not executable by users: it trusts p_user_id.
+-- match p_owned (the owner's lexeme and p_words), best first by BM25 over
+-- them: each word of p_words a round holds is worth its inverse document
+-- frequency among the owner's p_rounds rounds (the rounds holding it are
+-- counted among those matched, which hold every one that does), the sum
+-- scaled by the round's length against the matched rounds' mean (k1 = 1.2,
+-- b = 0.4, milder than the customary 0.75: a round whose answer is long
+-- still counts its question's words; a word counts once in a round). A
+-- word in most of the owner's rounds (a name said in every greeting) weighs
+-- little, a rare one much, so a round that says something rare outranks a
+-- short one that only names who it is about. PL/pgSQL, whose statements
+-- are planned through the plan cache on every PostgreSQL version (before
+-- 18 a SQL function's statements are planned at every call, and without
+-- their parameters' values), with
+-- the call's values when a plan of its own is made: for a long history
+-- (more than memchat.words_planned_from() rounds) a plan for this call's
+-- words and caller, with the caller's partition pruned while planning (a
+-- generic plan ANDs the words' GIN index with the owner index and reads
+-- every one of the caller's entries from the latter), else the connection's
+-- cached generic plan, made once. Bitmap scans on: the GIN index is read
+-- through one. Not executable by users: it trusts p_user_id.
 create function memchat.owned_rounds_matching(
   p_user_id uuid, p_agent_name text, p_model text, p_words tsquery, p_owned tsquery,
-  p_session_id uuid, p_floor bigint, p_limit integer, p_planned boolean
+  p_session_id uuid, p_floor bigint, p_limit integer, p_rounds bigint
 ) returns bigint[]
 language plpgsql stable
 set search_path = ''
@@ -308,19 +337,45 @@ as $$
 begin
   perform pg_catalog.set_config(
     'plan_cache_mode',
-    case when p_planned then 'force_custom_plan' else 'force_generic_plan' end,
+    case when p_rounds > memchat.words_planned_from() then 'force_custom_plan'
+         else 'force_generic_plan' end,
     true);
   return (
-    select coalesce(array_agg(m.message_id order by m.rank desc, m.message_id desc), '{}')
-      from (select e.message_id, ts_rank(e.lexemes, p_words, 1) as rank
-              from memchat.message_embeddings e
-              join public.chat_sessions s on s.id = e.session_id and s.user_id = e.user_id
-             where e.user_id = p_user_id and e.agent_name = p_agent_name and e.model = p_model
-               and s.status = 'active' and s.expires_at > pg_catalog.now()
-               and (p_session_id is null or e.session_id <> p_session_id or e.message_id < p_floor)
-               and e.lexemes operator(pg_catalog.@@) p_owned
+    with matched as materialized (
+      -- Each round's lexemes decompressed once (stored compressed in the
+      -- row, they would be again at every test below).
+      select e.message_id, e.lexemes operator(pg_catalog.||) ''::tsvector as lexemes,
+             pg_catalog.length(e.lexemes) as size
+        from memchat.message_embeddings e
+        join public.chat_sessions s on s.id = e.session_id and s.user_id = e.user_id
+       where e.user_id = p_user_id and e.agent_name = p_agent_name and e.model = p_model
+         and s.status = 'active' and s.expires_at > pg_catalog.now()
+         and (p_session_id is null or e.session_id <> p_session_id or e.message_id < p_floor)
+         and e.lexemes operator(pg_catalog.@@) p_owned
+    ), weighed as materialized (
+      -- Each word of p_words (tsquery's output quotes it), its weight, and
+      -- the matched rounds' mean length.
+      select d.word,
+             pg_catalog.ln(1 + (greatest(p_rounds, d.matched) - d.rounds + 0.5) / (d.rounds + 0.5))
+               as idf,
+             d.size
+        from (select w.word,
+                     count(*) filter (where m.lexemes operator(pg_catalog.@@) w.word) as rounds,
+                     count(*) as matched, greatest(avg(m.size), 1) as size
+                from (select distinct ('''' || l[1] || '''')::tsquery as word
+                        from pg_catalog.regexp_matches(p_words::text, '''((?:[^'']|'''')+)''', 'g')
+                             l) w
+               cross join matched m
+               group by w.word) d
+    )
+    select coalesce(array_agg(r.message_id order by r.score desc, r.message_id desc), '{}')
+      from (select m.message_id,
+                   sum(w.idf) * 2.2 / (1 + 1.2 * (0.6 + 0.4 * m.size / min(w.size))) as score
+              from matched m
+              join weighed w on m.lexemes operator(pg_catalog.@@) w.word
+             group by m.message_id, m.size
              order by 2 desc, 1 desc
-             limit p_limit) m);
+             limit p_limit) r);
 end
 $$;
 
@@ -347,6 +402,6 @@ begin
            auth.uid(), p_agent_name, p_model, p_words,
            pg_catalog.quote_literal(memchat.owner_lexeme(auth.uid()))::tsquery
              operator(pg_catalog.&&) p_words,
-           p_session_id, p_floor, p_limit, p_rounds > memchat.words_planned_from());
+           p_session_id, p_floor, p_limit, p_rounds);
 end
 $$;

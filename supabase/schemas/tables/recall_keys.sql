@@ -1,6 +1,6 @@
 -- What recall searches (functions/recall.sql, functions/words.sql): each
--- embedded user message's embedding and the lexemes of its round, and its
--- fact keys; what the backfill has done (functions/embeddings.sql); a copy
+-- embedded message's embedding (the user's and the assistant's) and the
+-- lexemes of its round, and a user message's fact keys; what the backfill has done (functions/embeddings.sql); a copy
 -- of the common words. Row-level security, privileges: policies.sql,
 -- grants.sql; the triggers: triggers.sql.
 --
@@ -40,13 +40,18 @@ create table memchat.message_embeddings (
   -- holds (message, model).
   facts_model text,
   lexemes tsvector,
+  -- The exchange an assistant message's embedding is a key of: the user
+  -- message it answers (the last user message before it in its session).
+  -- Null: the message is its own exchange (a user message; an assistant
+  -- message no user message came before, which opens its session).
+  exchange_id bigint,
   -- A unique key of a partitioned table holds the partition's column.
   primary key (message_id, user_id)
 ) partition by hash (user_id);
 alter table memchat.message_embeddings alter column embedding set storage main;
 alter table memchat.message_embeddings alter column lexemes set storage main;
 comment on table memchat.message_embeddings is
-  'The embedding of each stored user message, for recall, partitioned by user '
+  'The embedding of each stored message with text (the user''s and the assistant''s), for recall, partitioned by user '
   '(memchat.key_partition). Goes with its message (trigger chat_message_history_dependents).';
 comment on column memchat.message_embeddings.model is
   'The embedding model that made the vector (OPENAI_EMBEDDING_MODEL); recall compares '
@@ -56,7 +61,11 @@ comment on column memchat.message_embeddings.facts_model is
   'The model whose fact keys (memchat.message_facts) the message has; null: not yet.';
 comment on column memchat.message_embeddings.lexemes is
   'The full-text lexemes of the message''s round: its text (weight A), its answer''s (B), '
-  'and its owner''s lexeme (memchat.owner_lexeme), so that the GIN index finds one user''s rounds.';
+  'and its owner''s lexeme (memchat.owner_lexeme), so that the GIN index finds one user''s rounds; '
+  'an assistant message that opens its session: its text (B); null for an answer (its round is its '
+  'question''s).';
+comment on column memchat.message_embeddings.exchange_id is
+  'The user message whose exchange an answer''s embedding is a key of; null: its own.';
 
 -- Fact keys: a user message that says several things ("I'm planning a trip
 -- to Miami. By the way, I got my engagement ring resized last week.") is
@@ -131,6 +140,9 @@ $$;
 
 create index message_embeddings_owner_idx on memchat.message_embeddings (user_id, agent_name);
 create index message_facts_owner_idx on memchat.message_facts (user_id, agent_name);
+-- An exchange's answers' keys, read for a recall candidate's similarity.
+create index message_embeddings_exchange_idx on memchat.message_embeddings (exchange_id)
+  where exchange_id is not null;
 -- The word list's index, without its pending list (fastupdate). With it,
 -- new rounds' lexemes wait in one unsorted list, shared by every user,
 -- until it passes gin_pending_list_limit or a vacuum merges it, and every

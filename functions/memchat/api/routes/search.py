@@ -80,7 +80,9 @@ async def search_memory(
     found = await state.chat.recall.search(caller, q, agent_name=agent_name, k=k, as_of=moment)
     if found.status != OK:
         raise RecallUnavailable
-    response.headers["Server-Timing"] = f"recall;dur={found.ms:.2f}"
+    response.headers["Server-Timing"] = (
+        f"recall;dur={found.ms:.2f}, embedding;dur={found.embed_ms:.2f}"
+    )
     return MemorySearchOut(
         agent_name=agent_name,
         hits=[

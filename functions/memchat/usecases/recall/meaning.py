@@ -11,10 +11,10 @@ from __future__ import annotations
 EMBEDDING_MAX_CHARS = 6000
 
 
-def embedding_text(user_message: str) -> str:
-    """The text embedded for a stored user message (recall finds messages by
-    it): the message's own text, its first EMBEDDING_MAX_CHARS characters.
-    The one place that says so, for a turn's embedding (service.py) and the
+def embedding_text(message: str) -> str:
+    """The text embedded for a stored message (recall finds exchanges by it):
+    the message's own text, its first EMBEDDING_MAX_CHARS characters. The
+    one place that says so, for a turn's embedding (service.py) and the
     backfill's (usecases/backfill.py); which messages get one is SQL's
-    memchat.embeddable (user messages with text)."""
-    return user_message[:EMBEDDING_MAX_CHARS]
+    memchat.embeddable (the user's and the assistant's, with text)."""
+    return message[:EMBEDDING_MAX_CHARS]

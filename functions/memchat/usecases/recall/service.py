@@ -48,6 +48,7 @@ class Recalled:
     hits: list[store.Hit] = field(default_factory=list)  # best first
     query: store.Embedding | None = None  # the new message's, as a query
     ms: float = 0.0  # what the turn waited for recall once its context was loaded
+    embed_ms: float = 0.0  # a search's: the query's embedding (GET /memory/search)
 
     def as_list(self) -> list[dict[str, object]]:
         """`memory.recalled`: what was used, never the text."""
@@ -103,11 +104,13 @@ class Recall:
         """The caller's exchanges best matching `text`, as a turn recalls them
         (the same embedding, statement and rules) but over every live session,
         its window included, with time expressions in `text` read relative to
-        `as_of` (None: now): what GET /memory/search answers. `ms` is the search's own time, the
-        embedding's aside."""
+        `as_of` (None: now): what GET /memory/search answers. `ms` is the search's own time,
+        `embed_ms` the query's embedding's."""
         if self.column_fits is False:
             return Recalled(FAILED)
+        embed_started = time.perf_counter()
         query = await self._embed(embedding_text(text), "query")
+        embed_ms = (time.perf_counter() - embed_started) * 1000
         if query is None or not await self.check_column(caller):
             return Recalled(FAILED)
         started = time.perf_counter()
@@ -122,7 +125,7 @@ class Recall:
             as_of=as_of,
             throttle=Bucket.READ,
         )
-        return Recalled(OK, hits, query, (time.perf_counter() - started) * 1000)
+        return Recalled(OK, hits, query, (time.perf_counter() - started) * 1000, embed_ms)
 
     async def _hits(
         self,
