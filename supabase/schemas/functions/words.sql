@@ -1,5 +1,5 @@
 -- Recall's word list (memchat.recall, functions/recall.sql): the caller's
--- rounds holding the message's words, best first by ts_rank, found through
+-- rounds holding the message's words, best first by BM25, found through
 -- the GIN index of memchat.message_embeddings.lexemes
 -- (tables/recall_keys.sql).
 --
