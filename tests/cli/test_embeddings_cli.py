@@ -273,13 +273,14 @@ async def test_reembed_local_embeds_what_lacks_an_embedding_once(
     done = memchat(env, tmp_path, "db", "reembed", "--embeddings", "local", "--dimensions", "384")
     assert done.returncode == 0, done.stderr
     assert f"the column is now vector({DIMS}); 1 vector(512) embeddings deleted" in done.stderr
-    assert f"reembed: 3 messages in 2 sessions to embed with {MODEL}" in done.stderr
-    assert re.search(r"reembed: 3 embedded in \d+\.\d s; 0 left", done.stderr), done.stderr
+    # Every message with text, the answers too (3 each), with the local model.
+    assert f"reembed: 6 messages in 2 sessions to embed with {MODEL}" in done.stderr
+    assert re.search(r"reembed: 6 embedded in \d+\.\d s; 0 left", done.stderr), done.stderr
     assert column_size(owner) == DIMS
-    # Every user message, with the local model, none of the answers.
-    assert embedded(owner, alice.user_id) == {
-        text: (MODEL, DIMS) for text in (FACT, UNRELATED, QUESTION)
+    every_message = {
+        text: (MODEL, DIMS) for text in (FACT, "noted", UNRELATED, "have fun", QUESTION, "teal")
     }
+    assert embedded(owner, alice.user_id) == every_message
     for text in (FACT, QUESTION):
         want = model.embed([embedding_text(text)])[0].tolist()
         assert stored_vector(owner, text) == pytest.approx(want, abs=1e-5)
@@ -295,11 +296,9 @@ async def test_reembed_local_embeds_what_lacks_an_embedding_once(
     owner.execute("update memchat.message_embeddings set model = null")
     adopted = memchat(env, tmp_path, "db", "reembed", "--embeddings", "local", "--adopt-unknown")
     assert adopted.returncode == 0, adopted.stderr
-    assert f"reembed: 3 embeddings of an unknown model marked as {MODEL}'s" in adopted.stderr
+    assert f"reembed: 6 embeddings of an unknown model marked as {MODEL}'s" in adopted.stderr
     assert f"reembed: 0 messages in 0 sessions to embed with {MODEL}" in adopted.stderr
-    assert embedded(owner, alice.user_id) == {
-        text: (MODEL, DIMS) for text in (FACT, UNRELATED, QUESTION)
-    }
+    assert embedded(owner, alice.user_id) == every_message
 
 
 async def test_resizing_the_column_takes_the_fact_key_marks_of_what_it_deletes(

@@ -214,7 +214,7 @@ def test_it_waits_until_recall_sees_the_import(
     timed_out = run(dev, str(path), "--token", token, "--timeout", "1")
     assert timed_out.returncode == 3, timed_out.stderr
     assert timed_out.stdout.splitlines()[-1] == (
-        "4 messages still wait for embeddings; recall finds them once embedded"
+        "8 messages still wait for embeddings; recall finds them once embedded"
     )
 
     waiting = subprocess.Popen(
@@ -230,7 +230,7 @@ def test_it_waits_until_recall_sees_the_import(
     out, err = waiting.communicate(timeout=60)
     assert waiting.returncode == 0, err
     assert out.splitlines()[-2:] == [
-        "embedded: 4/4",
+        "embedded: 8/8",
         "recall is ready: every imported message is embedded",
     ]
 
@@ -264,21 +264,21 @@ def test_it_says_when_the_backfill_gave_up_and_exits_4(
         "imported 1 sessions (2 messages); skipped 0 this account has already"
     )
     assert warned.stderr.startswith(
-        "! embeddings failed for 4 messages of this account: the embeddings provider failed"
+        "! embeddings failed for 8 messages of this account: the embeddings provider failed"
         " again and again, and the backfill gave up on their sessions, so recall cannot find"
         " them\n"
     ), warned.stderr
     # Waiting does not hide it either.
     waited = run(dev, str(second), "--token", token, "--timeout", "1")
     assert waited.returncode == 4, waited.stderr
-    assert "! embeddings failed for 4 messages of this account" in waited.stderr
+    assert "! embeddings failed for 8 messages of this account" in waited.stderr
 
     # The first file again: its sessions are queued again, nothing has failed.
     again = run(dev, str(first), "--token", token, "--timeout", "1")
     assert again.returncode == 3, again.stderr
     assert "embeddings failed" not in again.stderr
     assert again.stdout.splitlines()[-1] == (
-        "5 messages still wait for embeddings; recall finds them once embedded"
+        "10 messages still wait for embeddings; recall finds them once embedded"
     )
 
 
