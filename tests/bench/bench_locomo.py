@@ -44,7 +44,7 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: fin
 from tests.bench import _common as common
 from tests.bench.bench_longmemeval import (
     Product,
+    _iso,
     authorization,
     load,
     product,
@@ -116,10 +117,6 @@ async def search(
         raise SystemExit(f"search {found.status_code} {found.text[:300]}")
     header = found.headers["server-timing"]
     return found.json()["hits"], server_timing(header), server_timing(header, "embedding")
-
-
-def _iso(value: str) -> str:
-    return datetime.fromisoformat(value).astimezone(UTC).isoformat()
 
 
 async def run(args: argparse.Namespace) -> None:

@@ -254,8 +254,10 @@ class Embedder:
         from memchat.model.client import EmbeddingUnavailable
 
         model = self.model
+        # Fact keys are a user message's: an answer is one key, its own.
+        asked = [m for m in request if m.asked]
         try:
-            facts = await self._fact_texts(request, run)
+            facts = await self._fact_texts(asked, run)
             if facts is None:
                 failed.update(m.lease for m in request)  # logged in _written_facts
                 return
@@ -274,8 +276,7 @@ class Embedder:
             keys = [
                 (m, i, v) for (m, i, _), v in zip(facts, vectors[len(documents) :], strict=True)
             ]
-            # Marked made: the user messages (an answer has no fact keys to make).
-            await store.save_facts(self.db, [m for m in request if m.asked], name, keys)
+            await store.save_facts(self.db, asked, name, keys)
             run.embedded += stored
             if self.on_stored is not None:
                 self.on_stored(stored)
@@ -283,13 +284,11 @@ class Embedder:
             slots.release()
 
     async def _fact_texts(
-        self, request: list[store.Unembedded], run: EmbeddingRun
+        self, asked: list[store.Unembedded], run: EmbeddingRun
     ) -> list[FactText] | None:
-        """The fact keys of a request's messages, as MEMORY_RECALL_FACTS makes
-        them; None when the chat model failed one of its facts requests."""
+        """The fact keys of a request's user messages, as MEMORY_RECALL_FACTS
+        makes them; None when the chat model failed one of its facts requests."""
         mode = self.settings.memory_recall_facts
-        # Fact keys are a user message's: an answer is one key, its own.
-        asked = [m for m in request if m.asked]
         if mode == "off":
             return []
         if mode == "rule":
