@@ -818,3 +818,35 @@ def test_a_small_partitions_graph_is_searched_with_a_shorter_candidate_list(own:
     assert searched_with(rows=14_999) == 48
     assert searched_with(rows=-1) == 100  # never analysed
     assert searched_with(rows=0, rounds=15_000) == 100  # statistics older than the rows
+
+
+def test_the_word_list_ranks_a_rare_word_over_a_name_in_every_greeting(own: Fresh) -> None:
+    # BM25 over the caller's rounds: a word each greeting holds (the name of
+    # whom they talk to) weighs little, a word one round holds much, so the
+    # round that says something outranks the short ones that only name her;
+    # by plain term counts they would tie, the latest first.
+    users = UserFactory(own.admin)
+    alice = users.create()
+    rng = random.Random(5)
+    texts = [
+        "She finally signed up for the pottery class downtown",
+        "Thanks, Melanie!",
+        "Good morning, Melanie",
+        "Bye Melanie, see you soon",
+        "Hi Melanie",
+        "Cheers, Melanie!",
+    ]
+    vectors = [unit([rng.gauss(0, 1) for _ in range(DIMS)]) for _ in texts]
+    ids = fill(own.admin, alice, vectors, texts, per_session=1)
+    call = (
+        "select memchat.rounds_matching('default', %s, memchat.any_words(%s),"
+        " null, 9223372036854775807, 10, %s)"
+    )
+    with acting_as(own.admin, alice.claims) as conn:
+        ranked = scalar(conn, call, (MODEL, "what did Melanie say about pottery?", len(texts)))
+        assert ranked[0] == ids[0]
+        assert sorted(ranked[1:]) == sorted(ids[1:])
+        # Among rounds holding the same words, the longest says least of them.
+        ranked = scalar(conn, call, (MODEL, "Melanie", len(texts)))
+        assert sorted(ranked) == sorted(ids[1:])
+        assert ranked[-1] == ids[3]
