@@ -202,11 +202,12 @@ def _worker_parts(settings: Settings) -> tuple[Database, ModelClient]:
 
 def cleanup(settings: Settings) -> Cleanup:
     """The TTL cleanup as configured: DATABASE_URL (the memchat_cleanup role's),
-    CLEANUP_BATCH_SIZE, CLEANUP_PAUSE_FACTOR."""
+    CLEANUP_BATCH_SIZE, CLEANUP_PAUSE_FACTOR, MEMORY_RETENTION_DAYS."""
     from memchat.usecases.cleanup import Cleanup
 
     return Cleanup(
         settings.database_url,
         batch_size=settings.cleanup_batch_size,
         pause_factor=settings.cleanup_pause_factor,
+        memory_retention_days=settings.memory_retention_days,
     )

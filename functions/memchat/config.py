@@ -242,6 +242,9 @@ class Settings(BaseModel):
     # 0: no cap.
     summary_max_per_second: float = Field(default=5.0, ge=0, le=10_000)
     session_ttl_hours: float = Field(default=168, gt=0)
+    # How long what memory keeps of a session (memchat.memories) outlives it:
+    # days past the session's expiry (0: it goes with the session).
+    memory_retention_days: int = Field(default=365, ge=0, le=36500)
     # The scheduled cleanup (usecases/cleanup.py): sessions deleted per batch,
     # and where its adaptive pause between batches starts, in batch durations
     # (0: no pause).

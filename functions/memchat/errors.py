@@ -49,6 +49,11 @@ class SessionNotFound(NotFound):
     detail = "No such session for this user."
 
 
+class MemoryNotFound(NotFound):
+    code = "memory_not_found"
+    detail = "No such memory for this user."
+
+
 class MessageNotFound(NotFound):
     code = "message_not_found"
     detail = "No such answer for this user."

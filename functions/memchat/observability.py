@@ -171,6 +171,7 @@ def record_turn(result: ChatResult) -> None:
 def record_cleanup(result: CleanupResult) -> None:
     metrics.add_metric(name="DeletedSessions", unit=MetricUnit.Count, value=result.deleted_sessions)
     metrics.add_metric(name="DeletedMessages", unit=MetricUnit.Count, value=result.deleted_messages)
+    metrics.add_metric(name="DeletedMemories", unit=MetricUnit.Count, value=result.deleted_memories)
     metrics.add_metric(name="CleanupBatches", unit=MetricUnit.Count, value=result.batches)
     metrics.add_metric(
         name="CleanupDuration", unit=MetricUnit.Milliseconds, value=result.duration_ms

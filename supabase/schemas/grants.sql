@@ -52,7 +52,7 @@ revoke all on memchat.limits, memchat.notes_versions, memchat.rate_buckets,
   from public;
 revoke all on memchat.embedding_queue, memchat.message_embeddings, memchat.message_facts,
   memchat.message_facts_made, memchat.word_statistics, memchat.common_words,
-  memchat.analytics_key
+  memchat.analytics_key, memchat.memories, memchat.forgotten_memories
   from public, anon, authenticated, service_role;
 
 grant select on memchat.limits to memchat_user, service_role;
@@ -64,10 +64,13 @@ grant select, insert, update on memchat.embedding_queue to memchat_user;
 grant select, insert, update, delete on memchat.message_feedback to memchat_user;
 grant select, insert on memchat.message_embeddings to memchat_user;
 grant select on memchat.message_facts, memchat.message_facts_made to memchat_user;
+grant select, delete on memchat.memories to memchat_user;
+grant insert on memchat.forgotten_memories to memchat_user;
 
 -- Expired claims and full buckets (policies.sql).
 grant select (expires_at), delete on memchat.turn_claims to memchat_cleanup;
 grant select (refilled_at), delete on memchat.rate_buckets to memchat_cleanup;
+grant select (id, user_id, expires_at), delete on memchat.memories to memchat_cleanup;
 
 -- ======================================================= the analytics
 -- The views show every user's rows to whoever may select them: the analyst
@@ -130,13 +133,15 @@ grant execute on function
   memchat.embeddable(jsonb),
   memchat.asked(jsonb),
   memchat.unembedded_messages(uuid, uuid, text),
-  memchat.says_several_things(text),
   memchat.queue_embeddings(uuid[]),
   memchat.embedding_backlog(),
   -- stats, import (functions/stats.sql, functions/import.sql)
   memchat.chat_stats(text),
   memchat.session_stats(uuid),
-  memchat.import_sessions(jsonb, jsonb, jsonb, interval, jsonb)
+  memchat.import_sessions(jsonb, jsonb, jsonb, interval, jsonb),
+  -- memories (functions/memories.sql)
+  memchat.search_memories(text, extensions.vector, text, text, integer, double precision,
+                          boolean)
   to memchat_user;
 
 -- The summary worker and the embedding backfill (`memchat_worker`): these
@@ -153,6 +158,7 @@ grant execute on function
   memchat.embedding_source(uuid, text, bigint, integer),
   memchat.embedding_save(uuid[], text, bigint[], text[]),
   memchat.facts_save(uuid[], bigint[], text, bigint[], integer[], text[]),
+  memchat.memories_save(uuid[], text, bigint[], integer[], text[], text[], text[]),
   memchat.embedding_done(uuid, text),
   memchat.embedding_failed(uuid, double precision),
   memchat.embedding_statistics(),

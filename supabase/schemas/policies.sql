@@ -24,6 +24,8 @@ alter table memchat.message_feedback enable row level security;
 alter table memchat.message_embeddings enable row level security;
 alter table memchat.message_facts enable row level security;
 alter table memchat.message_facts_made enable row level security;
+alter table memchat.memories enable row level security;
+alter table memchat.forgotten_memories enable row level security;
 -- No policy: only the owner reads these (through its SECURITY DEFINER
 -- functions), every row refused to every other role.
 alter table memchat.word_statistics enable row level security;
@@ -102,6 +104,21 @@ create policy ltm_delete on public.agent_long_term_memory
 -- Written by the trigger only (as the owner); the caller reads its own.
 create policy notes_versions_own on memchat.notes_versions for select to memchat_user
   using (user_id = (select auth.uid()));
+
+-- ------------------------------------------------------- memories
+-- Written by the backfill (memchat.memories_save, as the owner); the caller
+-- reads and deletes its own, and marks what it deleted as forgotten.
+create policy memories_select on memchat.memories for select to memchat_user
+  using (user_id = (select auth.uid()));
+create policy memories_delete on memchat.memories for delete to memchat_user
+  using (user_id = (select auth.uid()));
+create policy forgotten_memories_insert on memchat.forgotten_memories
+  for insert to memchat_user with check (user_id = (select auth.uid()));
+-- The cleanup: those past their retention (tables/memories.sql).
+create policy memories_cleanup_select on memchat.memories for select to memchat_cleanup
+  using (expires_at <= now());
+create policy memories_cleanup_delete on memchat.memories for delete to memchat_cleanup
+  using (expires_at <= now());
 
 -- ------------------------------------------------------- throttles, claims
 create policy rate_buckets_own on memchat.rate_buckets for all to memchat_user

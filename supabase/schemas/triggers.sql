@@ -10,6 +10,11 @@ create trigger chat_sessions_limits
 
 -- ------------------------------------------------------- messages
 -- LangChain's add_messages leaves user_id out: filled from the session.
+create trigger chat_sessions_memories
+  after delete on public.chat_sessions
+  referencing old table as gone
+  for each statement execute function memchat.keep_memories();
+
 create trigger chat_message_history_fill_user_id
   before insert on public.chat_message_history
   for each row execute function memchat.fill_message_user_id();

@@ -27,7 +27,13 @@ async def test_delete_me_erases_everything_and_only_mine(api, model, admin):
     assert r.status_code == 200, r.text
     # helper: the cleared session and its fresh successor; default: one session.
     assert r.json() == {
-        "deleted": {"messages": 4, "sessions": 3, "active_sessions": 2, "long_term_memory": 1}
+        "deleted": {
+            "messages": 4,
+            "sessions": 3,
+            "active_sessions": 2,
+            "long_term_memory": 1,
+            "memories": 0,
+        }
     }
     assert snapshot(admin, alice_id) == {
         "chat_sessions": [],
@@ -39,7 +45,13 @@ async def test_delete_me_erases_everything_and_only_mine(api, model, admin):
 
     r = await api.delete("/me", headers=alice)
     assert r.json() == {
-        "deleted": {"messages": 0, "sessions": 0, "active_sessions": 0, "long_term_memory": 0}
+        "deleted": {
+            "messages": 0,
+            "sessions": 0,
+            "active_sessions": 0,
+            "long_term_memory": 0,
+            "memories": 0,
+        }
     }
     # The account itself is Supabase Auth's; it can start over.
     r = await api.post("/chat", json={"message": "fresh start"}, headers=alice)

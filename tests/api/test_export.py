@@ -275,6 +275,7 @@ async def test_account_export_json_has_everything_and_nothing_else(api, model, a
         "sessions",
         "active_sessions",
         "long_term_memory",
+        "memories",
     }
     assert body["user_id"] == str(alice_id)
     assert datetime.fromisoformat(body["exported_at"]).utcoffset() == timedelta(0)

@@ -86,8 +86,14 @@ FUZZ_SETTINGS = settings(
 # schema can express: an X-Session-ID header and a body session_id naming
 # different sessions (400); a cursor that is not one this API issued (400);
 # a Chat Completions conversation with no user message to answer, or tool
-# results that answer no call (400).
-SEMANTIC_CHECKS = {("POST", "/chat"), ("GET", "/sessions"), ("POST", "/v1/chat/completions")}
+# results that answer no call (400); a memory search with a cursor, or with
+# a blank q (400).
+SEMANTIC_CHECKS = {
+    ("POST", "/chat"),
+    ("GET", "/sessions"),
+    ("GET", "/memories"),
+    ("POST", "/v1/chat/completions"),
+}
 
 
 def _mutations(case: Any) -> tuple[Any, ...]:

@@ -606,6 +606,14 @@ async def test_imported_user_messages_wait_for_embeddings_until_the_backfill(
     )
     admin.execute(embed, (api.settings.embedding_dimensions, user_id, "human"))
     status = (await api.get("/sessions/import/status", headers=auth)).json()
+    # A user message also waits for its fact keys and memories (facts_save).
+    assert (status["embeddings_pending"], status["recall_ready"]) == (7, False)
+    admin.execute(
+        "insert into memchat.message_facts_made (message_id, user_id, model)"
+        " select message_id, user_id, model from memchat.message_embeddings where user_id = %s",
+        (user_id,),
+    )
+    status = (await api.get("/sessions/import/status", headers=auth)).json()
     assert (status["embeddings_pending"], status["recall_ready"]) == (3, False)  # the answers
     admin.execute(embed, (api.settings.embedding_dimensions, user_id, "ai"))
     status = (await api.get("/sessions/import/status", headers=auth)).json()

@@ -281,18 +281,27 @@ async def test_making_a_messages_fact_keys_leaves_its_embedding_row_as_it_was(
     assert admin.execute(markers, (user_id,)).fetchone() == (0,)
 
 
-async def test_a_message_saying_one_thing_needs_no_fact_keys(
-    api: ApiClient, admin: psycopg.Connection
+async def test_a_message_saying_one_thing_gets_no_fact_keys_but_a_memory(
+    api: ApiClient, admin: psycopg.Connection, embedder: Embedder
 ) -> None:
     user_id, auth = api.new_user()
     await chat(api, auth, "my favourite colour is teal")
     row = admin.execute(
-        "select e.facts_model = e.model, (select count(*) from memchat.embedding_queue q"
+        "select e.facts_model, (select count(*) from memchat.embedding_queue q"
         "  where q.user_id = e.user_id) from memchat.message_embeddings e where e.user_id = %s",
         (user_id,),
     ).fetchone()
-    # Its session is queued for the answer's embedding alone.
-    assert row == (True, 1)
+    # Its session is queued: the answer's embedding, its memory.
+    assert row == (None, 1)
+    await embedder.run()
+    counts = admin.execute(
+        "select (select count(*) from memchat.message_facts where user_id = %(u)s),"
+        " (select count(*) from memchat.message_facts_made where user_id = %(u)s),"
+        " (select array_agg(kind order by kind) from memchat.memories where user_id = %(u)s)",
+        {"u": user_id},
+    ).fetchone()
+    # The fake model's answer echoes it, so the assistant "said" it too.
+    assert counts == (0, 1, ["assistant", "fact"])
 
 
 async def test_a_time_expression_favours_its_period(

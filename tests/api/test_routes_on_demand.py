@@ -20,6 +20,7 @@ from tests.utils.chat_api import assert_error
 
 ON_DEMAND = {
     "/memory/search": "memchat.api.routes.search",
+    "/memories": "memchat.api.routes.memories",
     "/v1": "memchat.api.routes.completions",
     "/mcp": "memchat.api.routes.mcp",
 }
@@ -65,11 +66,11 @@ async def test_the_first_request_is_served_and_includes_its_routes_only(fresh: A
     assert response.status_code == 200, response.text
     assert response.json()["object"] == "list"
     assert {"/v1/models", "/v1/chat/completions"} <= paths(fresh.app)
-    assert set(on_demand_of(fresh.app).pending) == {"/memory/search", "/mcp"}
+    assert set(on_demand_of(fresh.app).pending) == {"/memory/search", "/memories", "/mcp"}
     # The memory search's first request: its own validation, its error JSON.
     response = await fresh.get("/memory/search", params={"k": "0"}, headers=headers)
     assert_error(response, 422, "validation_error")
-    assert set(on_demand_of(fresh.app).pending) == {"/mcp"}
+    assert set(on_demand_of(fresh.app).pending) == {"/memories", "/mcp"}
 
 
 async def test_a_first_request_with_the_wrong_method_is_a_405(fresh: ApiClient) -> None:

@@ -55,7 +55,10 @@ from tests.bench.bench_longmemeval import (
     Product,
     _iso,
     authorization,
+    expire_and_clean,
+    expire_argument,
     load,
+    memory_footprint,
     product,
     product_arguments,
     server_timing,
@@ -85,22 +88,41 @@ def to_import(
     """The conversation in the plain import shape, and which recalled (session
     uuid, message time) is which exchange (its dia_ids)."""
     sessions = []
-    stored_as: dict[str, tuple[str, str]] = {}  # dia_id -> (session uuid, time)
-    for start, turns in conversation.sessions:
+    stored_as = {dia_id: place for place, dia_id in turn_at(conversation).items()}
+    for _, turns in conversation.sessions:
         if not turns:
             continue
-        sid = str(uuid.uuid5(NAMESPACE, f"{conversation.id}/{turns[0].session}"))
         messages = []
         for turn in turns:
-            at = (start + timedelta(seconds=turn.index)).isoformat()
+            sid, at = stored_as[turn.dia_id]
             messages.append({"role": turn.role, "content": turn.text, "created_at": at})
-            stored_as[turn.dia_id] = (sid, at)
         sessions.append({"id": sid, "messages": messages})
     exchange_at = {
         stored_as[exchange[0].dia_id]: [t.dia_id for t in exchange]
         for exchange in conversation.exchanges()
     }
     return {"sessions": sessions}, exchange_at
+
+
+def turn_at(conversation: Conversation) -> dict[tuple[str, str], str]:
+    """Each turn's dia_id by where it is stored: (session uuid, its time,
+    the session's date and time plus its index in seconds)."""
+    found: dict[tuple[str, str], str] = {}
+    for start, turns in conversation.sessions:
+        if not turns:
+            continue
+        sid = str(uuid.uuid5(NAMESPACE, f"{conversation.id}/{turns[0].session}"))
+        for turn in turns:
+            found[(sid, (start + timedelta(seconds=turn.index)).isoformat())] = turn.dia_id
+    return found
+
+
+def session_any(question: Any, hits: Sequence[list[str]], k: int) -> float:
+    """--expire's measure: 1 when a session of the evidence is among the
+    sessions of the top k hits (a dia_id "D3:7" is session D3's)."""
+    wanted = {dia_id.split(":")[0] for dia_id in question.evidence}
+    shown = {dia_id.split(":")[0] for hit in hits[:k] for dia_id in hit}
+    return float(bool(wanted & shown))
 
 
 async def search(
@@ -123,10 +145,14 @@ async def run(args: argparse.Namespace) -> None:
     conversations = [conversation_of(r) for r in load(args.data)][: args.conversations or None]
     async with product(args) as memchat:
         scored: list[Scored] = []
+        sessions_found: list[float] = []
+        imported_messages = 0
         started = time.monotonic()
         for conversation in conversations:
-            auth = authorization(common.create_user(memchat.admin).user_id)
+            user_id = common.create_user(memchat.admin).user_id
+            auth = authorization(user_id)
             document, exchange_at = to_import(conversation)
+            turns = turn_at(conversation)
             imported = await memchat.api.post(
                 "/sessions/import",
                 content=json.dumps(document).encode(),
@@ -134,12 +160,18 @@ async def run(args: argparse.Namespace) -> None:
             )
             if imported.status_code != 200:
                 raise SystemExit(f"{conversation.id}: import {imported.status_code}")
+            imported_messages += int(imported.json()["imported_messages"])
             await until_recall_ready(memchat, auth)
+            if args.expire:
+                expire_and_clean(memchat, user_id)
             baseline = bm25_hits(conversation, K)
             as_of = conversation.after_the_last()
             for question in conversation.questions:
                 found, ms, embed_ms = await search(memchat, auth, question.text, as_of)
-                hits = [exchange_at[(h["session_id"], _iso(h["created_at"]))] for h in found]
+                # A memory is its turn's (exchange_at has the exchanges').
+                places = [(h["session_id"], _iso(h["created_at"])) for h in found]
+                hits = [exchange_at.get(place, [turns[place]]) for place in places]
+                sessions_found.append(session_any(question, hits, 5))
                 scored.append(
                     Scored(
                         question,
@@ -175,12 +207,18 @@ async def run(args: argparse.Namespace) -> None:
             f" MEMORY_RECALL_FACTS={settings.memory_recall_facts}; data {args.data.name};"
             f" embeddings cache {memchat.cache.hits} hits, {memchat.cache.misses} misses"
         )
+        print(memory_footprint(memchat, imported_messages))
         headers, rows = table(scored)
         print(common.format_table(headers, rows))
         for metric in ("any@5", "all@10"):
             won, lost = wins_and_losses(scored, metric)
             print(f"{metric} against BM25: {won} questions won, {lost} lost")
         print(latency_line(scored))
+        expired = " (--expire: every transcript expired and deleted first)" if args.expire else ""
+        print(
+            "session any@5 (an evidence session among the top 5 hits')"
+            f" {sum(sessions_found) / max(len(sessions_found), 1):.3f}{expired}"
+        )
         print(summary_line(scored))
 
 
@@ -190,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--conversations", type=int, default=0, help="only the first N (0: all)")
     product_arguments(parser, DEFAULT_CACHE)
     parser.add_argument("--verbose", action="store_true", help="a line per question")
+    expire_argument(parser)
     asyncio.run(run(parser.parse_args(argv)))
 
 

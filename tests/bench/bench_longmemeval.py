@@ -238,6 +238,43 @@ async def search(
     return found.json()["hits"], server_timing(found.headers["server-timing"])
 
 
+def expire_and_clean(product: Product, user_id: uuid.UUID) -> None:
+    """--expire: every session of the user expired and deleted by the TTL
+    cleanup (their memories kept MEMORY_RETENTION_DAYS), so that recall has
+    only the memories to find them by."""
+    from memchat.usecases.cleanup import Cleanup
+
+    product.admin.execute(
+        "update public.chat_sessions set expires_at = now() - interval '1 minute'"
+        " where user_id = %s",
+        (user_id,),
+    )
+    Cleanup(
+        product.target.url,
+        batch_size=1000,
+        pause_factor=0,
+        probe=False,
+        memory_retention_days=product.settings.memory_retention_days,
+    ).run()
+    (left,) = product.admin.execute(
+        "select count(*) from public.chat_message_history where user_id = %s", (user_id,)
+    ).fetchone()
+    if left:
+        raise SystemExit(f"--expire: {left} messages outlived the cleanup")
+
+
+def memory_footprint(product: Product, messages: int) -> str:
+    """What durable memory stored for `messages` imported: how many
+    memories per 1,000 messages, and their bytes (table and indexes)."""
+    (count, size) = product.admin.execute(
+        "select count(*), pg_total_relation_size('memchat.memories') from memchat.memories"
+    ).fetchone()
+    return (
+        f"memories: {count:,} for {messages:,} messages ({1000 * count / max(messages, 1):,.0f}"
+        f" per 1,000), {size / max(count, 1):,.0f} bytes each with the indexes"
+    )
+
+
 def authorization(user_id: uuid.UUID) -> dict[str, str]:
     from memchat import devtokens
 
@@ -249,20 +286,36 @@ async def run(args: argparse.Namespace) -> None:
     async with product(args) as memchat:
         scored: list[Scored] = []
         import_rates: list[float] = []
+        imported = 0
         embed_seconds = 0.0
         counted = ("fact_requests", "fact_tokens_in", "fact_tokens_out", "facts_unreadable")
         facts = dict.fromkeys(counted, 0)
         started = time.monotonic()
         for number, record in enumerate(records, 1):
             question = question_of(record)
-            auth = authorization(common.create_user(memchat.admin).user_id)
+            user_id = common.create_user(memchat.admin).user_id
+            auth = authorization(user_id)
             exchange_at, stored, seconds = await import_haystack(memchat, auth, record)
             import_rates.append(stored / seconds)
+            imported += stored
             t0 = time.perf_counter()
             await until_recall_ready(memchat, auth, facts)
             embed_seconds += time.perf_counter() - t0
+            if args.expire:
+                expire_and_clean(memchat, user_id)
             found, ms = await search(memchat, auth, record)
-            hits = [exchange_at[(hit["session_id"], _iso(hit["created_at"]))] for hit in found]
+            # A memory the assistant stated is of its session, no user turn's.
+            session_of = {
+                str(session_uuid(record["question_id"], s)): s
+                for s in record["haystack_session_ids"]
+            }
+            hits = [
+                exchange_at.get(
+                    (hit["session_id"], _iso(hit["created_at"])),
+                    (session_of[hit["session_id"]], -1),
+                )
+                for hit in found
+            ]
             scored.append(Scored(question, score(question, hits), ms))
             if args.verbose:
                 print(number, question.id, question.type, scored[-1].metrics, f"{ms:.1f}")
@@ -287,6 +340,7 @@ async def run(args: argparse.Namespace) -> None:
             f" (POST /sessions/import, embeddings aside; {len(import_rates)} requests);"
             f" backfill and waiting for it: {embed_seconds:.1f} s in all"
         )
+        print(memory_footprint(memchat, imported))
         if settings.memory_recall_facts == "model":
             print(
                 "facts written by"
@@ -295,6 +349,11 @@ async def run(args: argparse.Namespace) -> None:
                 f" {facts['fact_tokens_out']:,} out, {facts['facts_unreadable']} unreadable"
             )
         headers, rows = table(scored)
+        if args.expire:
+            print(
+                "--expire: every transcript expired and deleted before its question; recall"
+                " finds durable memories only (the session figures are the measure)"
+            )
         print(common.format_table(headers, rows))
         print(summary_line(scored))
 
@@ -329,6 +388,14 @@ async def until_recall_ready(
     raise SystemExit("the backfill did not finish: is the embeddings server answering?")
 
 
+def expire_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--expire",
+        action="store_true",
+        help="expire and clean every transcript before the questions: recall from memories alone",
+    )
+
+
 def product_arguments(parser: argparse.ArgumentParser, cache: Path) -> None:
     """The options `product` reads: --cache, --min-score, --set, --embeddings."""
     parser.add_argument("--cache", type=Path, default=cache, help="embeddings cache")
@@ -357,6 +424,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--questions", type=int, default=0, help="only the first N (0: all)")
     product_arguments(parser, DEFAULT_CACHE)
     parser.add_argument("--verbose", action="store_true", help="a line per question")
+    expire_argument(parser)
     asyncio.run(run(parser.parse_args(argv)))
 
 

@@ -10,6 +10,7 @@ thumbs (feedback), and the stats panel shows the agent's counts.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -23,6 +24,8 @@ import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
+from memchat import bootstrap
+from tests.conftest import make_settings
 from tests.utils.browser import WAIT, chromium, wait
 from tests.utils.dev_server import DevServer, dev_server
 from tests.utils.fake_openai import FakeOpenAI, tool_call
@@ -616,3 +619,64 @@ def test_suggested_follow_ups_are_buttons_that_send_them(
     # The follow-up's own follow-ups: never the question just sent.
     wait(browser, "new suggestions", lambda d: texts(d, ".suggestions .suggestion"))
     assert offered[0] not in texts(browser, ".suggestions .suggestion")
+
+
+def memory_texts(driver: WebDriver) -> list[str]:
+    return [
+        str(text)
+        for text in driver.execute_script(
+            "return [...document.querySelectorAll('#memories li .memory-text')]"
+            ".map((e) => e.firstChild.textContent)"
+        )
+    ]
+
+
+def test_the_memory_view_lists_searches_and_forgets_memories(
+    browser: WebDriver,
+    dev: DevServer,
+    dev_model: FakeOpenAI,
+    admin: psycopg.Connection,
+    worker_url: str,
+) -> None:
+    user_id = uuid.uuid4()
+    open_page(browser, f"{dev.url}/#token={dev.token(user_id)}")
+    dev_model.script({"content": "Noted."}, {"content": "Noted again."})
+    send(browser, "I keep bees on my balcony in Lisbon.")
+    send(browser, "My sister Ana is a marine biologist.")
+    embedder = bootstrap.embedder(make_settings(worker_url, dev_model.url, job="summaries"))
+
+    async def backfill() -> None:
+        try:
+            await embedder.run()
+        finally:
+            await embedder.close()
+
+    asyncio.run(backfill())
+    browser.find_element(By.CSS_SELECTOR, "#memories-box summary").click()
+    wait(browser, "the memories", lambda d: len(memory_texts(d)) == 2)
+    assert memory_texts(browser) == [
+        "My sister Ana is a marine biologist.",
+        "I keep bees on my balcony in Lisbon.",
+    ]
+    meta = texts(browser, "#memories li .memory-meta")
+    assert all(m.startswith("you said · ") and " · kept until " in m for m in meta)
+    # A search shows the one about bees first.
+    browser.find_element(By.ID, "memories-q").send_keys("bees balcony")
+    browser.find_element(By.ID, "memories-find").click()
+    wait(
+        browser,
+        "the search",
+        lambda d: (memory_texts(d) or [""])[0] == "I keep bees on my balcony in Lisbon.",
+    )
+    # Forget it: gone from the page and from the database, for good.
+    browser.find_element(By.CSS_SELECTOR, "#memories li button.forget").click()
+    wait(
+        browser,
+        "the memory to go",
+        lambda d: "I keep bees on my balcony in Lisbon." not in memory_texts(d),
+    )
+    left = admin.execute(
+        "select text from memchat.memories where user_id = %s", (user_id,)
+    ).fetchall()
+    assert left == [("My sister Ana is a marine biologist.",)]
+    assert "Forgotten: I keep bees" in browser.find_element(By.ID, "status").text

@@ -12,7 +12,14 @@ from memchat.config import ConfigError, load_settings
 from memchat.usecases.cleanup import Cleanup, CleanupResult, TimeBudget
 from tests.cleanup.conftest import HOUR, Seeder, cleanup_on
 
-CONTRACT = {"deleted_sessions", "deleted_messages", "batches", "duration_ms", "finished"}
+CONTRACT = {
+    "deleted_sessions",
+    "deleted_messages",
+    "deleted_memories",
+    "batches",
+    "duration_ms",
+    "finished",
+}
 
 
 class StepClock:
@@ -161,6 +168,7 @@ def test_result_contract():
     assert result.as_dict() == {
         "deleted_sessions": 3,
         "deleted_messages": 40,
+        "deleted_memories": 0,
         "batches": 2,
         "duration_ms": 12.3,
         "finished": True,

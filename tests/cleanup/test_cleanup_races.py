@@ -48,7 +48,7 @@ def test_a_session_a_turn_is_extending_is_skipped_without_waiting(
         with psycopg.connect(cleanup_url, **connect_kwargs()) as cleaner:
             cleaner.execute("set lock_timeout = '5s'")  # waiting would fail, not hang
             began = time.monotonic()
-            deleted_sessions, _ = store.expire_sessions_batch(cleaner, 1000)
+            deleted_sessions, _ = store.expire_sessions_batch(cleaner, 1000, 365)
             took = time.monotonic() - began
         assert took < 2.0, f"the batch waited {took:.1f} s on the turn's lock"
         assert deleted_sessions >= 1

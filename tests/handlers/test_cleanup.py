@@ -9,10 +9,11 @@ import psycopg
 import pytest
 
 from memchat import messages
+from tests.cleanup.test_cleanup import CONTRACT
 from tests.handlers.conftest import FakeContext, LambdaRuntime, load_event
 from tests.utils.users import UserFactory
 
-CONTRACT_KEYS = {"deleted_sessions", "deleted_messages", "batches", "duration_ms", "finished"}
+CONTRACT_KEYS = CONTRACT  # the cleanup's result (docs/api.md, "Scheduled cleanup")
 
 
 def expired_session(admin: psycopg.Connection, users: UserFactory) -> uuid.UUID:

@@ -54,6 +54,7 @@ from memchat.config import (
     secret_settings,
 )
 from memchat.handlers import stream as server
+from tests.cleanup.test_cleanup import CONTRACT as CLEANUP_RESULT
 from tests.handlers.conftest import FakeContext, LambdaRuntime, body_of, route_event, token_for
 from tests.utils.users import UserFactory
 
@@ -748,7 +749,13 @@ def test_cleanup_gets_only_its_own_database_url(conditions: dict[str, bool]) -> 
     assert pointed_at(variables) == {"database_url": "CleanupDatabaseUrlSecret"}
     own = {name for name in variables if not RUNTIME_VARIABLES.match(name)}
     reference = "DATABASE_URL_PARAMETER" if conditions["UseSsm"] else "DATABASE_URL_SECRET_ARN"
-    assert own == {reference, "CLEANUP_BATCH_SIZE", "CLEANUP_PAUSE_FACTOR", "LOG_LEVEL"}
+    assert own == {
+        reference,
+        "CLEANUP_BATCH_SIZE",
+        "CLEANUP_PAUSE_FACTOR",
+        "MEMORY_RETENTION_DAYS",
+        "LOG_LEVEL",
+    }
 
 
 def test_secrets_are_passed_by_reference_only() -> None:
@@ -870,13 +877,7 @@ def test_the_schedule_input_drives_the_cleanup_handler(
     result = lambda_.invoke(
         handler_module(FUNCTIONS[function]), event, FakeContext(function_name=function)
     )
-    assert set(result) == {
-        "deleted_sessions",
-        "deleted_messages",
-        "batches",
-        "duration_ms",
-        "finished",
-    }
+    assert set(result) == CLEANUP_RESULT
 
 
 # ------------------------------------------------------------ release path

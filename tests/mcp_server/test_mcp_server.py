@@ -23,12 +23,22 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from memchat import bootstrap
+from tests.conftest import make_settings
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import assert_error
 from tests.utils.dev_server import DevServer
 from tests.utils.fake_openai import FakeOpenAI
 
-TOOLS = {"search_memory", "read_notes", "update_notes", "list_sessions", "get_session"}
+TOOLS = {
+    "search_memory",
+    "read_notes",
+    "update_notes",
+    "list_memories",
+    "forget_memory",
+    "list_sessions",
+    "get_session",
+}
 
 Connect = Callable[[str], AbstractAsyncContextManager[ClientSession]]
 
@@ -149,6 +159,43 @@ async def test_every_tool_is_listed_and_works(
     assert row == ("- dentist: Dr. Moreau", 1)
     # Never what was said, searched or noted in the server's logs.
     assert "Moreau" not in dev.output() and "dentist" not in dev.output()
+
+
+async def test_memories_are_listed_searched_and_forgotten(
+    connect: Connect, dev: DevServer, dev_model: FakeOpenAI, worker_url: str
+) -> None:
+    token = dev.token()
+    dev_model.script(
+        {"content": "I will remember that you sail on Sundays."},
+        {"content": "Zurich is lovely in spring."},  # says nothing of itself: no memory
+    )
+    await chat(dev, token, "I sail on Lake Constance every Sunday.")
+    await chat(dev, token, "I moved to Zurich last spring.", session_id=str(uuid.uuid4()))
+    embedder = bootstrap.embedder(make_settings(worker_url, dev_model.url, job="summaries"))
+    try:
+        await embedder.run()
+    finally:
+        await embedder.close()
+    async with connect(token) as session:
+        listed = result_of(await session.call_tool("list_memories", {}))["memories"]
+        assert [m["text"] for m in listed] == [
+            "I moved to Zurich last spring.",
+            "I will remember that you sail on Sundays.",
+            "I sail on Lake Constance every Sunday.",
+        ]
+        found = result_of(await session.call_tool("list_memories", {"query": "Zurich move"}))
+        top = found["memories"][0]
+        assert top["text"] == "I moved to Zurich last spring." and top["kind"] == "fact"
+        gone = result_of(await session.call_tool("forget_memory", {"memory_id": top["id"]}))
+        assert gone == {"deleted": 1, "memory_id": top["id"]}
+        again = await session.call_tool("forget_memory", {"memory_id": top["id"]})
+        assert error_of(again).startswith("memory_not_found: ")
+        left = result_of(await session.call_tool("list_memories", {"limit": 5}))["memories"]
+        assert "I moved to Zurich last spring." not in [m["text"] for m in left]
+    async with connect(dev.token()) as stranger:
+        assert result_of(await stranger.call_tool("list_memories", {}))["memories"] == []
+        theirs = await stranger.call_tool("forget_memory", {"memory_id": left[0]["id"]})
+        assert error_of(theirs).startswith("memory_not_found: ")
 
 
 async def test_tools_see_only_the_callers_data(

@@ -222,7 +222,13 @@ async def test_delete_user_data_removes_everything_and_only_the_users(db, admin,
 
     counts = await store.delete_user_data(db, alice)
 
-    assert counts == {"messages": 6, "active_sessions": 2, "sessions": 3, "long_term_memory": 2}
+    assert counts == {
+        "memories": 0,
+        "messages": 6,
+        "active_sessions": 2,
+        "sessions": 3,
+        "long_term_memory": 2,
+    }
     assert snapshot(admin, alice.user_id) == {table: [] for table in bob_before}
     assert snapshot(admin, bob.user_id) == bob_before
     assert await store.delete_user_data(db, alice) == dict.fromkeys(counts, 0)

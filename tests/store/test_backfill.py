@@ -64,6 +64,14 @@ async def imported(
     return await record(db, caller, msgs)
 
 
+def facts_made(conn: psycopg.Connection, message_id: int, user_id: uuid.UUID) -> None:
+    """Mark a user message's fact keys and memories made, as facts_save does."""
+    conn.execute(
+        "insert into memchat.message_facts_made (message_id, user_id, model) values (%s, %s, %s)",
+        (message_id, user_id, MODEL),
+    )
+
+
 def embeddable_ids(admin: psycopg.Connection, session_id: uuid.UUID) -> list[int]:
     rows = admin.execute(
         "select id from public.chat_message_history where session_id = %s"
@@ -143,6 +151,9 @@ async def test_pending_counts_the_callers_queued_user_messages_without_embedding
     ]
     embeddings = [store.Embedding(MODEL, vector()) for _ in found]
     assert await store.save_embeddings(worker, found, embeddings) == 3
+    # A user message is done once its fact keys (and memories) are made too.
+    assert await store.embeddings_pending(db, alice) == 6
+    assert await store.save_facts(worker, [m for m in found if m.asked], MODEL, []) == 1
     assert await store.embeddings_pending(db, alice) == 5
     assert await store.embeddings_done(worker, item, model=MODEL) is True
     assert await store.embeddings_pending(db, alice) == 5  # the other session waits
@@ -216,6 +227,7 @@ async def test_the_worker_embeds_only_through_a_live_lease(
         (alice.user_id,),
     ).fetchall()
     assert stored == [(i, MODEL, info.id) for i in ids]
+    assert await store.save_facts(worker, [*page, *rest, forged], MODEL, []) == 3
     assert await store.unembedded(worker, item, model=MODEL, after=0, limit=10) == []
     assert await store.embeddings_done(worker, item, model=MODEL) is True
     assert queued(admin) == {}
@@ -251,6 +263,7 @@ async def test_another_models_embedding_is_replaced_and_the_same_models_kept(
             " values (%s, %s, %s, 'default', now(), %s, %s::extensions.vector)",
             (message_id, alice.user_id, info.id, model, store.fragments.vector_literal(vector())),
         )
+    facts_made(admin, second, alice.user_id)
     await store.queue_embeddings(db, alice, [info.id])
     (item,) = await store.claim_embeddings(worker, limit=10, lease_seconds=60)
     page = await store.unembedded(worker, item, model=MODEL, after=0, limit=10)
@@ -403,6 +416,9 @@ async def test_reembed_queues_what_lacks_the_models_embedding_and_resizes_the_co
         " values (%s, %s, %s, 'default', now(), %s, %s::extensions.vector)",
         (embedded, alice.user_id, done.id, MODEL, store.fragments.vector_literal(vector())),
     )
+    facts_made(owner, embedded, alice.user_id)
+    # The row the embedding's trigger queued, which that backfill settled.
+    owner.execute("delete from memchat.embedding_queue")
     assert store.count_unembedded(owner, MODEL) == 2
     assert store.count_unembedded(owner, "another-model") == 3
     assert store.queue_unembedded(owner, MODEL) == 1

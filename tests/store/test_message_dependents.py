@@ -145,7 +145,7 @@ def test_the_ttl_cleanup_takes_them_along(
         (world.a_session,),
     )
     with psycopg.connect(cleanup_url, autocommit=True) as cleanup:
-        while store.expire_sessions_batch(cleanup, 1000)[0]:
+        while store.expire_sessions_batch(cleanup, 1000, 365)[0]:
             pass
     assert counts(admin, a) == (0, 0, 0)
     assert counts(admin, b) == (1, 1, 1)

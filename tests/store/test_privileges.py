@@ -113,6 +113,7 @@ WORKER_FUNCTIONS = {
     "memchat.embedding_dimensions()",
     # And the fact keys it stores beside them (supabase/schemas/functions/recall.sql).
     "memchat.facts_save(uuid[],bigint[],text,bigint[],integer[],text[])",
+    "memchat.memories_save(uuid[],text,bigint[],integer[],text[],text[],text[])",
 }
 
 

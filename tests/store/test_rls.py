@@ -267,5 +267,11 @@ async def test_delete_user_data_of_b_leaves_a_intact(
     b = users.create()
     await record(db, b, exchange("hello", "hi B"), notes="B likes coffee")
     counts = await store.delete_user_data(db, b)
-    assert counts == {"messages": 2, "active_sessions": 1, "sessions": 1, "long_term_memory": 1}
+    assert counts == {
+        "memories": 0,
+        "messages": 2,
+        "active_sessions": 1,
+        "sessions": 1,
+        "long_term_memory": 1,
+    }
     assert all(rows == [] for rows in snapshot(admin, b.user_id).values())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memchat.usecases.recall.facts import fact_sentences
+from memchat.usecases.recall.facts import fact_sentences, memory_sentences
 from memchat.usecases.recall.follow_up import follow_up_query
 
 
@@ -45,3 +45,19 @@ def test_a_short_follow_up_takes_the_previous_exchange() -> None:
     assert follow_up_query("Why not?", window) is not None
     assert follow_up_query("why?", []) is None
     assert follow_up_query("ok", [ai("hello")]) is None
+
+
+def test_memory_keeps_each_first_person_sentence_one_sentence_messages_too() -> None:
+    assert memory_sentences("I love long walks on the beach with my dog") == [
+        "I love long walks on the beach with my dog"
+    ]
+    text = "My sister Ana is a marine biologist. The sea is cold. We visit her in June."
+    assert memory_sentences(text) == [
+        "My sister Ana is a marine biologist.",
+        "We visit her in June.",
+    ]
+    # Nothing said of the speaker, or too short: nothing kept.
+    assert memory_sentences("The weather there is grey most days.") == []
+    assert memory_sentences("Thanks, I do.") == []
+    # Only whole words count.
+    assert memory_sentences("Iceland is windy and its tides are strong.") == []

@@ -63,6 +63,7 @@ def create_app(settings: Settings, state: AppState) -> FastAPI:
         app.include_router(chat.router)
         # Served here too, each imported on its first request (RoutesOnDemand).
         on_demand.add("/memory/search", "memchat.api.routes.search")
+        on_demand.add("/memories", "memchat.api.routes.memories")  # durable memory
         on_demand.add("/v1", "memchat.api.routes.completions")  # OpenAI-compatible
         on_demand.add("/mcp", "memchat.api.routes.mcp")  # memory as MCP tools
     if settings.serves("sessions"):

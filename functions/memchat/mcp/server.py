@@ -46,7 +46,8 @@ NAME = "memchat"
 INSTRUCTIONS = (
     "memchat remembers this user across conversations: search_memory finds earlier "
     "exchanges, read_notes and update_notes are the long-term notes about the user, "
-    "list_sessions and get_session the conversations themselves."
+    "list_memories and forget_memory what memory keeps of the conversations (it outlives "
+    "them), list_sessions and get_session the conversations themselves."
 )
 EXPIRED = (
     "The access token has expired; get a new one (locally: `memchat token`)"
@@ -136,6 +137,8 @@ def build(state: AppState) -> MCPServer:
         tools.search_memory,
         tools.read_notes,
         tools.update_notes,
+        tools.list_memories,
+        tools.forget_memory,
         tools.list_sessions,
         tools.get_session,
     ):
@@ -240,6 +243,51 @@ class _Tools:
                 state.db, state.settings, _caller(), agent_name, notes, expected_version
             )
             return _notes(saved)
+
+    async def list_memories(
+        self,
+        query: Annotated[str | None, Field(min_length=1, max_length=16000)] = None,
+        agent_name: Annotated[str | None, Field(pattern=AGENT_NAME_PATTERN)] = None,
+        limit: Annotated[int, Field(ge=1, le=100)] = 20,
+    ) -> dict[str, Any]:
+        """What memory keeps about the user (facts either side stated, with the
+        date and the session): the newest first, or with `query` those best
+        matching it (of agent_name's agent, default 'default')."""
+        from memchat.usecases.memories import memories_matching, memory_dict, memory_page
+
+        async with _tool_errors():
+            state = self._state
+            if query is not None:
+                found = await memories_matching(
+                    state.db,
+                    state.chat.recall,
+                    state.settings,
+                    _caller(),
+                    agent_name=agent_name or "default",
+                    text=query,
+                    limit=limit,
+                )
+            else:
+                found, _ = await memory_page(
+                    state.db,
+                    state.settings,
+                    _caller(),
+                    agent_name=agent_name,
+                    before=None,
+                    limit=limit,
+                )
+            return {"memories": [memory_dict(m) for m in found]}
+
+    async def forget_memory(
+        self, memory_id: Annotated[int, Field(ge=1, le=2**63 - 1)]
+    ) -> dict[str, Any]:
+        """Delete one memory (an id from list_memories) for good: when the user
+        asks to forget something, list the matching memories and forget each."""
+        from memchat.usecases.memories import forget_memory
+
+        async with _tool_errors():
+            await forget_memory(self._state.db, _caller(), memory_id)
+            return {"deleted": 1, "memory_id": memory_id}
 
     async def list_sessions(
         self,

@@ -81,8 +81,10 @@ MEMORY_PREAMBLE = (
 # Each section of the block is a label line; the notes and the summary follow
 # their label on the same line, as one JSON string.
 NOTES_PREAMBLE = "Long-term notes about this user (curated by you across conversations):"
-# Then one `[<date> · conversation "<title>" · <id prefix>]` line per exchange,
-# a `User: "..."` line and, when there was an answer, an `Assistant: "..."` line;
+# Then one `[<date> · conversation "<title>" · <id prefix>]` line per exchange
+# (`[<date> · remembered · <id prefix>]` for a durable memory, its conversation
+# gone: the one line its speaker said), a `User: "..."` line and, when there
+# was an answer, an `Assistant: "..."` line;
 # the exchange before it in its conversation first under the same header, the
 # one after it last, under NEXT_IN_CONVERSATION.
 NEXT_IN_CONVERSATION = "[next in that conversation]"
@@ -141,7 +143,8 @@ def recall_section(hits: Sequence[Hit]) -> str:
     for hit in sorted(hits, key=lambda h: (h.created_at, h.message_id)):
         title = f" {quote(hit.title)}" if hit.title else ""
         day = hit.created_at.date().isoformat()
-        lines = [f"[{day} · conversation{title} · {str(hit.session_id)[:8]}]"]
+        source = "conversation" if hit.memory_id is None else "remembered"
+        lines = [f"[{day} · {source}{title} · {str(hit.session_id)[:8]}]"]
         if hit.before is not None and hit.before.message_id not in shown:
             shown.add(hit.before.message_id)
             lines += _exchange_lines(hit.before.question, hit.before.answer)

@@ -8,12 +8,14 @@ from memchat.store.db import Database
 from memchat.store.records import Caller
 from memchat.throttle import Bucket
 
-# What DELETE /me counts, and the table it deletes from.
+# What DELETE /me counts, and the table it deletes from (the memories first:
+# the sessions' delete would take those of live sessions uncounted).
 _TABLES = {
-    "messages": "chat_message_history",
-    "active_sessions": "user_agent_active_sessions",
-    "sessions": "chat_sessions",
-    "long_term_memory": "agent_long_term_memory",
+    "memories": ("memchat", "memories"),
+    "messages": ("public", "chat_message_history"),
+    "active_sessions": ("public", "user_agent_active_sessions"),
+    "sessions": ("public", "chat_sessions"),
+    "long_term_memory": ("public", "agent_long_term_memory"),
 }
 
 
@@ -30,9 +32,9 @@ async def delete_user_data(db: Database, caller: Caller) -> dict[str, int]:
             cursors[key] = conn.cursor()
             await cursors[key].execute(
                 sql.SQL(
-                    "with d as (delete from public.{} where user_id = (select auth.uid())"
+                    "with d as (delete from {} where user_id = (select auth.uid())"
                     " returning 1) select count(*) from d"
-                ).format(sql.Identifier(table))
+                ).format(sql.Identifier(*table))
             )
         await conn.execute("delete from memchat.turn_claims where user_id = (select auth.uid())")
     counts = {}

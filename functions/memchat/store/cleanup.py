@@ -48,18 +48,48 @@ select count(*), coalesce(sum((select count(*) from public.chat_message_history 
 """
 
 
-def expire_sessions_batch(conn: psycopg.Connection[Any], batch: int) -> tuple[int, int]:
-    """Delete up to `batch` expired sessions with their messages, in one transaction.
+# The deleted sessions' memories are kept this many days past each one's
+# expiry (trigger chat_sessions_memories: supabase/schemas/functions/memories.sql).
+_RETENTION = "select set_config('memchat.memory_retention_days', %s, true)"
+
+
+def expire_sessions_batch(
+    conn: psycopg.Connection[Any], batch: int, retention_days: int
+) -> tuple[int, int]:
+    """Delete up to `batch` expired sessions with their messages, in one
+    transaction; their memories are kept `retention_days` past each one's
+    expiry.
 
     Returns (deleted_sessions, deleted_messages).
     """
     with conn.transaction():
         # Never queue behind a user's own writes for long; the next run resumes.
         conn.execute("set local lock_timeout = '5s'")
+        conn.execute(_RETENTION, (str(retention_days),))
         sessions = conn.execute(_EXPIRE_BATCH, {"batch": batch}).fetchone()
         messages = conn.execute(_DELETED_MESSAGES).fetchone()
     assert sessions is not None and messages is not None
     return int(sessions[0]), int(messages[0])
+
+
+# Memories past their retention, oldest first, a batch at a time (no row
+# lock first: the cleanup may not update them; a user deleting one of them
+# meanwhile is waited for, within the lock timeout).
+_EXPIRE_MEMORIES = """
+delete from memchat.memories m
+ using (select d.user_id, d.id from memchat.memories d
+         where d.expires_at <= now()
+         order by d.expires_at
+         limit %(batch)s) doomed
+ where m.user_id = doomed.user_id and m.id = doomed.id
+"""
+
+
+def expire_memories_batch(conn: psycopg.Connection[Any], batch: int) -> int:
+    """Delete up to `batch` memories past their retention, in one transaction."""
+    with conn.transaction():
+        conn.execute("set local lock_timeout = '5s'")
+        return conn.execute(_EXPIRE_MEMORIES, {"batch": batch}).rowcount
 
 
 _PURGE_CLAIMS = "delete from memchat.turn_claims where expires_at <= now()"

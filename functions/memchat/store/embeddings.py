@@ -15,12 +15,21 @@ from memchat.store.records import Caller, Hit, RecallQuery
 from memchat.throttle import Bucket
 
 # memchat.recall's parameters by name: each named once, here.
+# The live exchanges (memchat.recall) and, in the same statement, the
+# durable memories whose message is gone (memchat.search_memories).
 RECALL = """
 select memchat.recall(
   p_session_id => %(session_id)s, p_agent_name => %(agent_name)s, p_window => %(window)s,
   p_query => %(embedding)s::extensions.vector, p_model => %(model)s, p_text => %(text)s,
   p_k => %(k)s, p_min_score => %(min_score)s, p_collapse => %(duplicate_score)s,
-  p_from => %(period_start)s, p_until => %(period_end)s)
+  p_from => %(period_start)s, p_until => %(period_end)s),
+  (select coalesce(jsonb_agg(jsonb_build_object(
+            'memory_id', m.id, 'kind', m.kind, 'text', m.text, 'session_id', m.session_id,
+            'message_id', m.message_id, 'created_at', m.created_at, 'score', f.score)
+            order by f.ordinality), '[]'::jsonb)
+     from memchat.search_memories(%(agent_name)s, %(embedding)s::extensions.vector, %(model)s,
+                                  %(text)s, %(k)s, %(min_score)s, true) with ordinality f
+     join memchat.memories m on m.id = f.id and m.user_id = (select auth.uid()))
 """
 _EMBEDDING_DIMENSIONS = "select memchat.embedding_dimensions()"
 # What no longer fits goes first, in the same transaction as the new type; the
@@ -34,6 +43,12 @@ _DROP_MARKERS_WITHOUT_EMBEDDING = """
 delete from memchat.message_facts_made m
  where not exists (select 1 from memchat.message_embeddings e
                     where e.message_id = m.message_id and e.user_id = m.user_id)"""
+# Memories outlive their messages, so they cannot be embedded again from
+# them: they keep their text (found by words) without an embedding.
+_FORGET_OTHER_SIZES = (
+    "update memchat.memories set embedding = null, model = null"
+    " where extensions.vector_dims(embedding) <> %s"
+)
 _RESIZE = sql.SQL("alter table memchat.{} alter column embedding type extensions.vector({})")
 _KEEP_IN_ROW = sql.SQL("alter table memchat.{} alter column embedding set storage main")
 # The HNSW indexes (supabase/schemas/functions/recall.sql: over the keys as
@@ -65,22 +80,35 @@ def recall_params(query: RecallQuery) -> dict[str, Any]:
     }
 
 
-def hits_from_json(rows: list[Mapping[str, Any]]) -> list[Hit]:
-    return [Hit.from_json(row) for row in rows]
+def hits_from_json(
+    rows: list[Mapping[str, Any]], memories: list[Mapping[str, Any]], k: int
+) -> list[Hit]:
+    """The exchanges and the memories recalled, merged by score, each list's
+    own order kept (the exchanges' fused ranking), at most k."""
+    exchanges = [Hit.from_json(row) for row in rows]
+    remembered = [Hit.from_memory_json(row) for row in memories]
+    merged: list[Hit] = []
+    while (exchanges or remembered) and len(merged) < k:
+        if not remembered or (exchanges and exchanges[0].score >= remembered[0].score):
+            merged.append(exchanges.pop(0))
+        else:
+            merged.append(remembered.pop(0))
+    return merged
 
 
 async def recall(
     db: Database, caller: Caller, query: RecallQuery, *, throttle: Bucket | None = None
 ) -> list[Hit]:
     """The caller's earlier user messages best matching `query`, best first,
-    each with the answer it got and its neighbours (memchat.recall); taking
-    a token of `throttle` first, in the same transaction, when given."""
+    each with the answer it got and its neighbours (memchat.recall), and the
+    durable memories of transcripts gone; taking a token of `throttle`
+    first, in the same transaction, when given."""
     async with db.pipeline(caller.claims, throttle=throttle) as conn:
         cur = conn.cursor()
         await cur.execute(RECALL, recall_params(query))
     row = await cur.fetchone()
     assert row is not None
-    return hits_from_json(row[0])
+    return hits_from_json(row[0], row[1], query.k)
 
 
 def embedding_dimensions(conn: psycopg.Connection[Any], *, role: str | None = REQUEST_ROLE) -> int:
@@ -108,7 +136,8 @@ async def stored_embedding_dimensions(db: Database, caller: Caller | None) -> in
 def resize_embeddings(conn: psycopg.Connection[Any], dimensions: int) -> int:
     """Make the stored column vector(`dimensions`), as the table's owner: the
     embeddings of another size are deleted first, in the same transaction
-    (their messages stay; the backfill embeds them again), and the HNSW
+    (their messages stay; the backfill embeds them again; memories keep their
+    text, without an embedding), and the HNSW
     indexes are made again where pgvector and the size allow them
     (memchat.index_recall_keys). Returns how many were deleted."""
     deleted = 0
@@ -122,6 +151,9 @@ def resize_embeddings(conn: psycopg.Connection[Any], dimensions: int) -> int:
                 deleted = rows
             conn.execute(_RESIZE.format(table, sql.Literal(dimensions)))
             conn.execute(_KEEP_IN_ROW.format(table))
+        conn.execute(_FORGET_OTHER_SIZES, (dimensions,))
+        conn.execute(_RESIZE.format(sql.Identifier("memories"), sql.Literal(dimensions)))
+        conn.execute(_KEEP_IN_ROW.format(sql.Identifier("memories")))
         conn.execute(_DROP_MARKERS_WITHOUT_EMBEDDING)
         conn.execute(_INDEX_RECALL_KEYS)
     return deleted

@@ -86,6 +86,20 @@ select coalesce(jsonb_agg(jsonb_build_object(
 """
 
 
+# The caller's memories as export JSON text, oldest first, a batch at a time
+# (expires_at: null while the memory's session lives).
+_MEMORIES = """
+select m.id, jsonb_build_object(
+         'id', m.id, 'agent_name', m.agent_name, 'kind', m.kind, 'text', m.text,
+         'session_id', m.session_id, 'message_id', m.message_id,
+         'created_at', m.created_at, 'expires_at', m.expires_at)::text
+  from memchat.memories m
+ where m.user_id = (select auth.uid()) and m.id > %s
+ order by m.id
+ limit %s
+"""
+
+
 @asynccontextmanager
 async def snapshot(
     db: Database, caller: Caller, *, whole_account: bool
@@ -113,9 +127,22 @@ class ExportReader:
         self, session_id: uuid.UUID, batch: int = MESSAGE_BATCH
     ) -> AsyncIterator[list[str]]:
         """A session's messages as export JSON text, oldest first, in batches."""
+        async for texts in self._by_id(_MESSAGES, (session_id,), batch):
+            yield texts
+
+    async def memories(self, batch: int = MESSAGE_BATCH) -> AsyncIterator[list[str]]:
+        """The caller's memories as export JSON text, oldest first, in batches."""
+        async for texts in self._by_id(_MEMORIES, (), batch):
+            yield texts
+
+    async def _by_id(
+        self, query: Any, params: tuple[Any, ...], batch: int
+    ) -> AsyncIterator[list[str]]:
+        """The JSON texts `query` reads (its rows (id, text); its last two
+        parameters: the id after which, how many), a batch at a time."""
         after = 0
         while True:
-            cur = await self._conn.execute(_MESSAGES, (session_id, after, batch))
+            cur = await self._conn.execute(query, (*params, after, batch))
             rows = await cur.fetchall()
             if not rows:
                 return

@@ -92,6 +92,36 @@ class Notes:
 
 
 @dataclass(frozen=True)
+class Memory:
+    """A durable memory (memchat.memories) as its user sees it."""
+
+    id: int
+    agent_name: str
+    text: str
+    kind: str  # "fact": the user's; "assistant": the assistant's
+    session_id: uuid.UUID
+    message_id: int
+    created_at: datetime
+    expires_at: datetime | None  # None: its session is gone and nothing was set (never)
+    score: float | None = None  # a search's similarity to its text
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> Memory:
+        expires = row.get("expires_at")
+        return cls(
+            id=int(row["id"]),
+            agent_name=row["agent_name"],
+            text=row["text"],
+            kind=row["kind"],
+            session_id=uuid.UUID(row["session_id"]),
+            message_id=int(row["message_id"]),
+            created_at=datetime.fromisoformat(row["created_at"]),
+            expires_at=datetime.fromisoformat(expires) if expires else None,
+            score=row.get("score"),
+        )
+
+
+@dataclass(frozen=True)
 class Replay:
     """The stored answer of an earlier turn with the same client_message_id."""
 
@@ -240,6 +270,23 @@ class Hit:
     answer: str | None
     before: Neighbour | None = None
     after: Neighbour | None = None
+    # A durable memory's (memchat.memories), its transcript gone: `question`
+    # is what the user stated, or `answer` what the assistant did.
+    memory_id: int | None = None
+
+    @classmethod
+    def from_memory_json(cls, row: Mapping[str, Any]) -> Hit:
+        said_by_user = row["kind"] == "fact"
+        return cls(
+            message_id=int(row["message_id"]),
+            session_id=uuid.UUID(row["session_id"]),
+            created_at=datetime.fromisoformat(row["created_at"]),
+            score=float(row["score"]),
+            title=None,
+            question=row["text"] if said_by_user else "",
+            answer=None if said_by_user else row["text"],
+            memory_id=int(row["memory_id"]),
+        )
 
     @classmethod
     def from_json(cls, row: Mapping[str, Any]) -> Hit:

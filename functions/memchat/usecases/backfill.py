@@ -58,7 +58,7 @@ from memchat import store
 from memchat.errors import UpstreamError, UpstreamTimeout
 from memchat.prompts.facts import facts_calls, facts_max_tokens, facts_prompt, read_facts
 from memchat.usecases.cleanup import TimeBudget
-from memchat.usecases.recall.facts import fact_sentences
+from memchat.usecases.recall.facts import fact_sentences, memory_sentences
 from memchat.usecases.recall.meaning import embedding_text
 from memchat.usecases.summarize import (
     BACKOFF_FIRST_SECONDS,
@@ -261,10 +261,17 @@ class Embedder:
             if facts is None:
                 failed.update(m.lease for m in request)  # logged in _written_facts
                 return
-            # One request: the documents still missing, then every fact key.
+            # One request: the documents still missing, every fact key, then
+            # the memories' sentences no key above is (a memory that is its
+            # whole message, embedded before, takes that embedding: None).
             documents = [m for m in request if not m.embedded]
             texts = [embedding_text(m.text) for m in documents]
             texts += [text for _, _, text in facts]
+            memories = _memory_texts(request)
+            known = set(texts)
+            texts += list(
+                dict.fromkeys(t for m, _, t in memories if t not in known and not _whole(m, t))
+            )
             try:
                 vectors = await model.embed_many(texts, "document")
             except EmbeddingUnavailable:
@@ -274,9 +281,16 @@ class Embedder:
             embeddings = [store.Embedding(name, v) for v in vectors[: len(documents)]]
             stored = await store.save_embeddings(self.db, documents, embeddings)
             keys = [
-                (m, i, v) for (m, i, _), v in zip(facts, vectors[len(documents) :], strict=True)
+                (m, i, v)
+                for (m, i, _), v in zip(
+                    facts, vectors[len(documents) : len(documents) + len(facts)], strict=True
+                )
             ]
             await store.save_facts(self.db, asked, name, keys)
+            vector_of = dict(zip(texts, vectors, strict=True))
+            await store.save_memories(
+                self.db, name, [(m, i, t, vector_of.get(t)) for m, i, t in memories]
+            )
             run.embedded += stored
             if self.on_stored is not None:
                 self.on_stored(stored)
@@ -355,6 +369,16 @@ class Embedder:
             logger.warning(
                 "embeddings failed; will retry", extra={**fields, "retry_in_seconds": retry_in}
             )
+
+
+def _whole(message: store.Unembedded, text: str) -> bool:
+    """Whether memory `text` is the whole of `message`, embedded before."""
+    return message.embedded and text == embedding_text(message.text).strip()
+
+
+def _memory_texts(request: list[store.Unembedded]) -> list[FactText]:
+    """What durable memory keeps of a request's messages (memory_sentences)."""
+    return [(m, i, text) for m in request for i, text in enumerate(memory_sentences(m.text))]
 
 
 def _rule_facts(said: list[store.Unembedded]) -> list[FactText]:

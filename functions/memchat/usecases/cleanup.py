@@ -5,7 +5,10 @@ Sessions expire `SESSION_TTL_HOURS` after their last turn (every turn slides
 `batch_size`, each batch its own short transaction (`store.expire_sessions_batch`:
 FOR UPDATE SKIP LOCKED, so a session a turn is extending right now is neither
 waited for nor deleted). Active-session pointers to deleted sessions go with
-them (FK cascade); long-term notes stay.
+them (FK cascade); long-term notes stay, and so do the sessions' memories
+(memchat.memories), `memory_retention_days` (MEMORY_RETENTION_DAYS) past each
+session's expiry. Once no expired session is left, the memories past their
+retention are deleted, in batches of `batch_size`.
 
 It stops when a batch comes back short (nothing left: `finished=True`) or
 before starting a batch it may not have time to finish (`TimeBudget`): when
@@ -305,12 +308,14 @@ class CleanupResult:
     duration_ms: float
     finished: bool  # nothing expired is left (False: stopped by the time budget)
     dry_run: bool = False  # counts are what a run would delete; nothing was
+    deleted_memories: int = 0  # past their retention
 
     def as_dict(self) -> dict[str, Any]:
         """The logged and returned contract (plus `dry_run` when true)."""
         out: dict[str, Any] = {
             "deleted_sessions": self.deleted_sessions,
             "deleted_messages": self.deleted_messages,
+            "deleted_memories": self.deleted_memories,
             "batches": self.batches,
             "duration_ms": round(self.duration_ms, 1),
             "finished": self.finished,
@@ -351,6 +356,8 @@ class Cleanup:
     conninfo: str
     batch_size: int
     pause_factor: float
+    # The deleted sessions' memories are kept this many days past each one's expiry.
+    memory_retention_days: int = 365
     adaptive: bool = True
     probe: bool = True
     clock: Callable[[], float] = time.monotonic
@@ -372,6 +379,8 @@ class Cleanup:
                 Pacer(self.pause_factor, adaptive=self.adaptive), latency, conn, self._pacing
             )
             tally = self._batches(conn, pacing, budget, started)
+            if tally.finished:
+                tally.memories = self._expire_memories(conn, budget, started)
         return self._result(tally, started)
 
     def dry_run(self) -> CleanupResult:
@@ -392,11 +401,38 @@ class Cleanup:
         with an account deletion, say): the next run retries it."""
         began = self.clock()
         try:
-            sessions, messages = store.expire_sessions_batch(conn, self.batch_size)
+            sessions, messages = store.expire_sessions_batch(
+                conn, self.batch_size, self.memory_retention_days
+            )
         except (pg_errors.TransactionRollback, pg_errors.LockNotAvailable) as exc:
             logger.warning("cleanup batch rolled back (%s): stopping", exc.sqlstate)
             return None
         return Batch(sessions, messages, began, self.clock() - began)
+
+    def _expire_memories(
+        self, conn: psycopg.Connection[Any], budget: TimeBudget, started: float
+    ) -> int:
+        """Delete the memories past their retention, a batch at a time (each
+        a few index reads and deletes, far lighter than a session's batch),
+        while the budget has room; returns how many went."""
+        deleted = 0
+        slowest = 0.0
+
+        def elapsed() -> float:
+            return self.clock() - started
+
+        while budget.room_for_batch(slowest, elapsed):
+            began = self.clock()
+            try:
+                gone = store.expire_memories_batch(conn, self.batch_size)
+            except (pg_errors.TransactionRollback, pg_errors.LockNotAvailable) as exc:
+                logger.warning("memory cleanup batch rolled back (%s): stopping", exc.sqlstate)
+                break
+            slowest = max(slowest, self.clock() - began)
+            deleted += gone
+            if gone < self.batch_size:
+                break
+        return deleted
 
     def _pause_after(self, batch: Batch, number: int, pacing: _Pacing) -> float:
         """The adaptive pause (s) after a full batch, the `number`th (`Pacer`)."""
@@ -466,6 +502,7 @@ class Cleanup:
             deleted_sessions=tally.sessions,
             deleted_messages=tally.messages,
             batches=tally.batches,
+            deleted_memories=tally.memories,
             duration_ms=(self.clock() - started) * 1000,
             finished=tally.finished,
             dry_run=dry_run,
@@ -480,6 +517,7 @@ class _Tally:
     messages: int = 0
     batches: int = 0
     finished: bool = False
+    memories: int = 0
 
     def add(self, batch: Batch) -> None:
         self.batches += 1

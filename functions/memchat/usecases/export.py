@@ -72,7 +72,8 @@ async def export_session(
 
 
 async def export_account(db: Database, caller: store.Caller, fmt: ExportFormat) -> Export:
-    """Every session with its messages, the active-session pointers and the notes."""
+    """Every session with its messages, the active-session pointers, the
+    notes and the memories."""
     exported_at = datetime.now(UTC)
     chunks = await _started(_account_chunks(db, caller, exported_at, _renderer(fmt)))
     return Export(f"memchat-export-{exported_at:%Y-%m-%d}.{fmt.extension}", fmt.media_type, chunks)
@@ -104,6 +105,9 @@ async def _account_chunks(
                 yield out.end_session()
         active_sessions, notes = await reader.account_extras()
         yield out.end_account(active_sessions, notes)
+        async for batch in reader.memories():
+            yield out.memories(batch)
+        yield out.close()
 
 
 async def _started(chunks: AsyncGenerator[str, None]) -> AsyncIterator[str]:
@@ -149,6 +153,8 @@ class Renderer(Protocol):
     def end_account(
         self, active_sessions: list[dict[str, Any]], notes: list[dict[str, Any]]
     ) -> str: ...
+    def memories(self, batch: list[str]) -> str: ...
+    def close(self) -> str: ...
 
 
 def _renderer(fmt: ExportFormat) -> Renderer:
@@ -166,6 +172,7 @@ class JsonRenderer:
     def __init__(self) -> None:
         self._sessions = 0
         self._messages = 0
+        self._memories = 0
 
     def begin_account(self, user_id: str, exported_at: str) -> str:
         head = dumps({"user_id": user_id, "exported_at": exported_at})
@@ -195,8 +202,16 @@ class JsonRenderer:
             + dumps(active_sessions)
             + ',"long_term_memory":'
             + dumps(notes)
-            + "}"
+            + ',"memories":['
         )
+
+    def memories(self, batch: list[str]) -> str:
+        comma = "," if self._memories else ""
+        self._memories += len(batch)
+        return comma + ",".join(batch)
+
+    def close(self) -> str:
+        return "]}"
 
 
 class NdjsonRenderer:
@@ -223,6 +238,12 @@ class NdjsonRenderer:
         lines = [_line({"type": "active_session", **a}) for a in active_sessions]
         lines += [_line({"type": "long_term_memory", **n}) for n in notes]
         return "".join(lines)
+
+    def memories(self, batch: list[str]) -> str:
+        return "".join('{"type":"memory",' + memory[1:] + "\n" for memory in batch)
+
+    def close(self) -> str:
+        return ""
 
 
 def _line(value: dict[str, Any]) -> str:
@@ -274,7 +295,26 @@ class MarkdownRenderer:
                 )
         if not notes:
             parts.append("None.\n")
+        parts.append("\n# Memories\n\n")
         return "".join(parts)
+
+    def __init__(self) -> None:
+        self._memories = 0
+
+    def memories(self, batch: list[str]) -> str:
+        self._memories += len(batch)
+        lines = []
+        for text in batch:
+            memory = json.loads(text)
+            said = "the user" if memory["kind"] == "fact" else "the assistant"
+            lines.append(
+                f"- {' '.join(memory['text'].split())} _({said}, {memory['created_at']},"
+                f" `{memory['agent_name']}`, session `{memory['session_id']}`)_\n"
+            )
+        return "".join(lines)
+
+    def close(self) -> str:
+        return "" if self._memories else "None.\n"
 
 
 def _markdown_message(message: dict[str, Any]) -> str:

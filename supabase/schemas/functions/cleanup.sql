@@ -1,5 +1,6 @@
 -- What goes with a deleted message: its embedding, fact keys and their
--- marker, and its feedback (tables/recall_keys.sql, tables/feedback.sql),
+-- marker, its feedback, and the marks of the memories its user forgot
+-- (tables/recall_keys.sql, tables/feedback.sql, tables/memories.sql),
 -- a statement at a time, for every deleter: clear-session, DELETE /me and
 -- the TTL cleanup (through the session cascade), LangChain's clear(), the
 -- Data API. The triggers: triggers.sql.
@@ -58,6 +59,7 @@ begin
       using v_part.ids;
   end loop;
   delete from memchat.message_facts_made m where m.message_id = any(ids);
+  delete from memchat.forgotten_memories f where f.message_id = any(ids);
   delete from memchat.message_feedback f where f.message_id = any(ids);
   perform set_config('memchat.deleted_messages',
     (coalesce(nullif(current_setting('memchat.deleted_messages', true), ''), '0')::bigint
@@ -85,6 +87,7 @@ begin
     delete from memchat.message_facts;
   end;
   truncate memchat.message_facts_made;  -- referenced by nothing, truncated by nothing else
+  truncate memchat.forgotten_memories;
   begin
     truncate memchat.message_feedback;
   exception when object_in_use then

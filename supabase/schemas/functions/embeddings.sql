@@ -57,8 +57,8 @@ as $$
 $$;
 
 -- A message needs work for p_model (null: its own model) while it has no
--- embedding of that model, or its fact keys are due: it says several things
--- and they were not made with its embedding's model. The embeddable
+-- embedding of that model, or its fact keys and memories are due: a user
+-- message's, not yet made with its embedding's model. The embeddable
 -- messages of one session that do, the embedding looked up in its owner's
 -- partition. Runs as its caller (inlined as well): under RLS for the API's
 -- role, as the owner inside the worker's functions.
@@ -78,18 +78,6 @@ as $$
                              or exists (select 1 from memchat.message_facts_made m
                                          where m.message_id = e.message_id
                                            and m.model = e.model)))
-$$;
-
--- Whether a message says several things: a sentence end followed by more
--- (memchat.messages._SENTENCE_END, the same rule). Only such messages get
--- fact keys.
-create function memchat.says_several_things(p_text text) returns boolean
-language plpgsql immutable parallel safe
-set search_path = ''
-as $$
-begin
-  return coalesce(p_text ~ '[.!?][[:space:]]+[A-Z"''(]', false);
-end
 $$;
 
 -- ------------------------------------------------------- the API's side

@@ -75,10 +75,10 @@ end
 $$;
 
 -- The trigger that fills a stored embedding's round (trigger
--- message_embeddings_index_round). A user message's: its lexemes, whether
--- its fact keys are due (the message says several things), and, once it has
--- an answer, its session queued for the answer's embedding (the backfill
--- makes both, off the turn's path; a given-up session is ready again). An
+-- message_embeddings_index_round). A user message's: its lexemes, its fact
+-- keys and memories due, and its session queued for them and its answer's
+-- embedding (the backfill makes them, off the turn's path; a given-up
+-- session is ready again). An
 -- assistant message's: the exchange it is a key of (the last user message
 -- before it in its session: memchat.asked), with no lexemes of its own (its
 -- question's round holds them) and no fact keys; one that opens its session
@@ -113,17 +113,13 @@ begin
   new.exchange_id := null;
   new.lexemes := memchat.owned_lexemes(
     memchat.round_lexemes(v_message->'data'->>'content', v_answer), new.user_id);
-  if memchat.says_several_things(v_message->'data'->>'content') then
-    new.facts_model := null;
-  else
-    new.facts_model := new.model;
-  end if;
-  if new.facts_model is null or v_answer is not null then
-    insert into memchat.embedding_queue as q (session_id, user_id)
-    values (new.session_id, new.user_id)
-    on conflict (session_id, user_id) do update set attempts = 0, next_attempt_at = now()
-     where q.next_attempt_at = 'infinity';
-  end if;
+  -- The backfill reads every user message once: its fact keys, and what
+  -- durable memory keeps of it (functions/memories.sql).
+  new.facts_model := null;
+  insert into memchat.embedding_queue as q (session_id, user_id)
+  values (new.session_id, new.user_id)
+  on conflict (session_id, user_id) do update set attempts = 0, next_attempt_at = now()
+   where q.next_attempt_at = 'infinity';
   return new;
 end
 $$;

@@ -87,6 +87,8 @@ async def search_memory(
         agent_name=agent_name,
         hits=[
             RecalledOut(
+                kind="exchange" if hit.memory_id is None else "memory",
+                memory_id=hit.memory_id,
                 session_id=str(hit.session_id),
                 message_id=hit.message_id,
                 created_at=hit.created_at.isoformat(),

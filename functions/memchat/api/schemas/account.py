@@ -10,6 +10,7 @@ class DeletedCounts(BaseModel):
     sessions: int
     active_sessions: int
     long_term_memory: int
+    memories: int
 
 
 class AccountDeleted(BaseModel):

@@ -75,6 +75,12 @@ class NeighbourOut(BaseModel):
 
 
 class RecalledOut(BaseModel):
+    kind: str = Field(
+        default="exchange",
+        description="exchange: a live exchange; memory: a durable memory whose session is gone"
+        " (its text in question when the user stated it, in answer when the assistant did).",
+    )
+    memory_id: int | None = Field(default=None, description="A memory's id (GET /memories).")
     session_id: str = Field(json_schema_extra={"format": "uuid"})
     message_id: int = Field(description="The user message's id.")
     created_at: str = Field(description="When the message was written (an import keeps its time).")
@@ -94,3 +100,35 @@ class MemorySearchOut(BaseModel):
     agent_name: str
     hits: list[RecalledOut] = Field(description="Best first; fewer than k when no more match.")
     recall_ms: float = Field(description="The search's own time, the query's embedding aside.")
+
+
+class MemoryOut(BaseModel):
+    id: int
+    agent_name: str
+    text: str = Field(description="What was stated, in the words of whoever said it.")
+    kind: str = Field(
+        description="fact: the user said it of themselves; assistant: the assistant did."
+    )
+    session_id: str = Field(
+        json_schema_extra={"format": "uuid"}, description="The session it was stated in."
+    )
+    message_id: int = Field(description="The message that stated it (gone with its session).")
+    created_at: str = Field(description="When it was stated.")
+    expires_at: str | None = Field(
+        description="When it will be deleted: MEMORY_RETENTION_DAYS past its session's expiry"
+        " (which moves with every turn while the session lives)."
+    )
+    score: float | None = Field(
+        default=None, description="With q: the cosine similarity of the memory to q."
+    )
+
+
+class MemoryPage(BaseModel):
+    memories: list[MemoryOut] = Field(
+        description="Newest first; with q, best first (one page: next_cursor is null)."
+    )
+    next_cursor: str | None
+
+
+class MemoryDeleted(BaseModel):
+    deleted: int = Field(description="1: the memory is gone, and will not be made again.")

@@ -106,12 +106,10 @@ class Recall:
         its window included, with time expressions in `text` read relative to
         `as_of` (None: now): what GET /memory/search answers. `ms` is the search's own time,
         `embed_ms` the query's embedding's."""
-        if self.column_fits is False:
-            return Recalled(FAILED)
         embed_started = time.perf_counter()
-        query = await self._embed(embedding_text(text), "query")
+        query = await self.query_embedding(caller, embedding_text(text))
         embed_ms = (time.perf_counter() - embed_started) * 1000
-        if query is None or not await self.check_column(caller):
+        if query is None:
             return Recalled(FAILED)
         started = time.perf_counter()
         hits = await self._hits(
@@ -126,6 +124,16 @@ class Recall:
             throttle=Bucket.READ,
         )
         return Recalled(OK, hits, query, (time.perf_counter() - started) * 1000, embed_ms)
+
+    async def query_embedding(self, caller: store.Caller, text: str) -> store.Embedding | None:
+        """`text` embedded as a query, as search() does; None when it cannot
+        be (the provider failed, or the stored column does not fit)."""
+        if self.column_fits is False:
+            return None
+        query = await self._embed(text, "query")
+        if query is None or not await self.check_column(caller):
+            return None
+        return query
 
     async def _hits(
         self,

@@ -1,0 +1,164 @@
+"""Durable memory (memchat.memories): written by the embedding backfill,
+listed, searched and deleted by its user, searched by recall once its
+message is gone (supabase/schemas/functions/memories.sql)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from psycopg import sql
+
+from memchat.store.db import Database
+from memchat.store.fragments import vector_literal
+from memchat.store.records import Caller, Memory, Unembedded
+from memchat.throttle import Bucket
+
+_SAVE = (
+    "select memchat.memories_save(%s::uuid[], %s, %s::bigint[], %s::integer[], %s::text[],"
+    " %s::text[], %s::text[])"
+)
+
+# A memory as the API shows it: while its session lives it expires with it,
+# MEMORY_RETENTION_DAYS (%(days)s) past the session's expiry.
+_FIELDS = sql.SQL("""
+jsonb_build_object(
+  'id', m.id, 'agent_name', m.agent_name, 'text', m.text, 'kind', m.kind,
+  'session_id', m.session_id, 'message_id', m.message_id, 'created_at', m.created_at,
+  'expires_at', coalesce(m.expires_at,
+                         (select s.expires_at from public.chat_sessions s
+                           where s.id = m.session_id and s.user_id = m.user_id)
+                         + make_interval(days => %(days)s)))
+""")
+_LIST = sql.SQL("""
+select coalesce(jsonb_agg(x.memory order by x.created_at desc, x.id desc), '[]'::jsonb)
+  from (select m.id, m.created_at, {fields} as memory
+          from memchat.memories m
+         where m.user_id = (select auth.uid())
+           and (%(agent_name)s::text is null or m.agent_name = %(agent_name)s)
+           and (%(before_at)s::timestamptz is null
+                or (m.created_at, m.id) < (%(before_at)s::timestamptz, %(before_id)s::bigint))
+         order by m.created_at desc, m.id desc
+         limit %(limit)s) x
+""").format(fields=_FIELDS)
+_SEARCH = sql.SQL("""
+select coalesce(jsonb_agg({fields} || jsonb_build_object('score', f.score)
+                          order by f.ordinality), '[]'::jsonb)
+  from memchat.search_memories(%(agent_name)s, %(query)s::extensions.vector, %(model)s,
+                               %(text)s, %(limit)s, %(min_score)s, false)
+       with ordinality f
+  join memchat.memories m on m.id = f.id and m.user_id = (select auth.uid())
+""").format(fields=_FIELDS)
+_DELETE = """
+with gone as (
+  delete from memchat.memories m
+   where m.user_id = (select auth.uid()) and m.id = %s
+  returning m.user_id, m.message_id, m.ordinal
+), marked as (
+  insert into memchat.forgotten_memories (message_id, ordinal, user_id)
+  select g.message_id, g.ordinal, g.user_id from gone g
+  on conflict do nothing
+)
+select count(*) from gone
+"""
+
+
+async def save_memories(
+    db: Database,
+    model: str,
+    memories: Sequence[tuple[Unembedded, int, str, list[float] | None]],
+) -> int:
+    """Store (message, ordinal, text, vector) memories of leased sessions'
+    messages, embedded by `model` (vector None: the whole message, its
+    stored embedding), as the backfill's worker: the user's kind "fact",
+    the assistant's "assistant". Returns how many were stored."""
+    if not memories:
+        return 0
+    args = (
+        [m.lease for m, _, _, _ in memories],
+        model,
+        [m.id for m, _, _, _ in memories],
+        [ordinal for _, ordinal, _, _ in memories],
+        ["fact" if m.asked else "assistant" for m, _, _, _ in memories],
+        [text for _, _, text, _ in memories],
+        [None if vector is None else vector_literal(vector) for _, _, _, vector in memories],
+    )
+    async with db.pipeline(None) as conn:
+        cur = conn.cursor()
+        await cur.execute(_SAVE, args)
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def list_memories(
+    db: Database,
+    caller: Caller,
+    *,
+    agent_name: str | None,
+    before: tuple[datetime, int] | None,
+    limit: int,
+    retention_days: int,
+) -> list[Memory]:
+    """The caller's memories (of one agent, or all), the latest stated first,
+    after `before` (a page's last (created_at, id)), at most `limit`."""
+    params = {
+        "agent_name": agent_name,
+        "before_at": before[0] if before else None,
+        "before_id": before[1] if before else None,
+        "limit": limit,
+        "days": retention_days,
+    }
+    return await _memories(db, caller, _LIST, params)
+
+
+async def search_memories(
+    db: Database,
+    caller: Caller,
+    *,
+    agent_name: str,
+    text: str,
+    query: list[float] | None,
+    model: str,
+    limit: int,
+    min_score: float,
+    retention_days: int,
+    throttle: Bucket | None = None,
+) -> list[Memory]:
+    """The caller's memories of an agent that match `text` (its embedding
+    `query` of `model`, or None: by words only), best first; taking a token
+    of `throttle` first, in the same transaction, when given."""
+    params = {
+        "agent_name": agent_name,
+        "query": vector_literal(query) if query is not None else None,
+        "model": model,
+        "text": text,
+        "limit": limit,
+        "min_score": min_score,
+        "days": retention_days,
+    }
+    return await _memories(db, caller, _SEARCH, params, throttle)
+
+
+async def delete_memory(db: Database, caller: Caller, memory_id: int) -> int:
+    """Delete one of the caller's memories (never written again by the
+    backfill): 1, or 0 when the caller has none with that id."""
+    async with db.pipeline(caller.claims, throttle=Bucket.WRITE) as conn:
+        cur = conn.cursor()
+        await cur.execute(_DELETE, (memory_id,))
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def _memories(
+    db: Database,
+    caller: Caller,
+    query: sql.Composed,
+    params: Any,
+    throttle: Bucket | None = None,
+) -> list[Memory]:
+    async with db.pipeline(caller.claims, throttle=throttle) as conn:
+        cur = conn.cursor()
+        await cur.execute(query, params)
+    row = await cur.fetchone()
+    return [Memory.from_json(item) for item in (row[0] if row else [])]

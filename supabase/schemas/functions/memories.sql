@@ -1,0 +1,138 @@
+-- Durable memory (tables/memories.sql): written by the backfill, kept past
+-- the transcript, found by the same two lists as recall's exchanges.
+
+-- Store memories of p_model for messages of leased sessions: p_texts[i]
+-- (kind p_kinds[i], pgvector's text form p_embeddings[i]; null: the
+-- message's own embedding of p_model, the memory being all it says) as the
+-- p_ordinals[i]-th memory of message p_ids[i], which must be a message of
+-- the session leased by p_leases[i] (a live lease). One the user forgot
+-- (memchat.forgotten_memories) is never written again; one stored before is
+-- replaced (a new embedding model's, `memchat db reembed`). Returns how
+-- many were stored.
+create function memchat.memories_save(
+  p_leases uuid[], p_model text, p_ids bigint[], p_ordinals integer[], p_kinds text[],
+  p_texts text[], p_embeddings text[]
+) returns integer
+language plpgsql
+security definer
+set search_path = ''
+as $$
+declare
+  v_stored integer;
+begin
+  with stored as (
+    insert into memchat.memories as m
+        (user_id, agent_name, kind, text, session_id, message_id, ordinal, created_at,
+         model, embedding)
+    select h.user_id, s.agent_name, x.kind, x.text, h.session_id, h.id, x.ordinal,
+           h.created_at, p_model,
+           coalesce(x.embedding::extensions.vector,
+                    (select e.embedding from memchat.message_embeddings e
+                      where e.message_id = h.id and e.user_id = h.user_id and e.model = p_model))
+      from unnest(p_leases, p_ids, p_ordinals, p_kinds, p_texts, p_embeddings)
+           as x(lease, id, ordinal, kind, text, embedding)
+      join memchat.embedding_queue q on q.lease = x.lease and q.next_attempt_at > now()
+      join public.chat_message_history h
+        on h.id = x.id and h.user_id = q.user_id and h.session_id = q.session_id
+      join public.chat_sessions s on s.id = q.session_id and s.user_id = q.user_id
+     where p_model is not null
+       and (x.embedding is not null
+            or exists (select 1 from memchat.message_embeddings e
+                        where e.message_id = h.id and e.user_id = h.user_id
+                          and e.model = p_model))
+       and not exists (select 1 from memchat.forgotten_memories f
+                        where f.message_id = h.id and f.ordinal = x.ordinal
+                          and f.user_id = h.user_id)
+    on conflict (user_id, message_id, ordinal) do update
+       set kind = excluded.kind, text = excluded.text, model = excluded.model,
+           embedding = excluded.embedding
+    returning 1
+  )
+  select count(*)::integer into v_stored from stored;
+  return v_stored;
+end
+$$;
+
+-- The end of sessions (trigger chat_sessions_memories, after a delete):
+-- the cleanup sets memchat.memory_retention_days for its transaction, and
+-- the deleted sessions' memories are kept that many days past each
+-- session's expiry; a session deleted by anyone else (its user, through
+-- the Data API) takes its memories with it.
+create function memchat.keep_memories() returns trigger
+language plpgsql security definer
+set search_path = ''
+as $$
+declare
+  v_days integer := nullif(current_setting('memchat.memory_retention_days', true), '')::integer;
+begin
+  if v_days is null then
+    delete from memchat.memories m using gone g
+     where m.session_id = g.id and m.user_id = g.user_id and m.expires_at is null;
+  else
+    update memchat.memories m
+       set expires_at = g.expires_at + make_interval(days => v_days)
+      from gone g
+     where m.session_id = g.id and m.user_id = g.user_id and m.expires_at is null;
+  end if;
+  return null;
+end
+$$;
+
+-- The caller's memories of p_agent_name that match p_query (its embedding,
+-- of p_model) or p_text's words, at most p_limit, best first: the nearest
+-- by meaning (an exact scan: a user's memories are few next to their
+-- messages) and those holding most of the words (ts_rank), fused by
+-- reciprocal rank (k = 20, lists 2 * p_limit deep, as recall's); none
+-- below p_min_score similarity to p_query, however found (score: that
+-- similarity; null without p_query). p_durable: only those whose message
+-- is gone (recall finds the others through their exchange). Runs as the
+-- caller: RLS applies.
+create function memchat.search_memories(
+  p_agent_name text, p_query extensions.vector, p_model text, p_text text, p_limit integer,
+  p_min_score double precision, p_durable boolean
+) returns table (id bigint, score double precision)
+language plpgsql stable
+set search_path = ''
+as $$
+declare
+  v_words tsquery := memchat.any_words(p_text);
+begin
+  return query
+  with own as materialized (
+    select m.id, m.model, m.embedding, m.lexemes
+      from memchat.memories m
+     where m.user_id = (select auth.uid()) and m.agent_name = p_agent_name
+       and (not p_durable
+            or not exists (select 1 from public.chat_message_history h
+                            where h.id = m.message_id and h.user_id = m.user_id))
+  ), meaning as (
+    select o.id, row_number() over (order by o.embedding operator(extensions.<=>) p_query, o.id desc)
+             as r
+      from own o
+     where p_query is not null and o.model = p_model
+     order by r
+     limit p_limit * 2
+  ), words as (
+    select o.id,
+           row_number() over (order by pg_catalog.ts_rank(o.lexemes, v_words) desc, o.id desc) as r
+      from own o
+     where v_words is not null and o.lexemes operator(pg_catalog.@@) v_words
+     order by r
+     limit p_limit * 2
+  ), fused as (
+    select coalesce(a.id, b.id) as id,
+           coalesce(1.0 / (20 + a.r), 0) + coalesce(1.0 / (20 + b.r), 0) as fused
+      from meaning a
+      full join words b on b.id = a.id
+  )
+  select f.id, x.similarity
+    from fused f
+    join own o on o.id = f.id
+   cross join lateral (
+     select case when p_query is not null and o.model = p_model
+                 then 1 - (o.embedding operator(extensions.<=>) p_query) end as similarity) x
+   where p_query is null or x.similarity >= p_min_score
+   order by f.fused desc, f.id desc
+   limit p_limit;
+end
+$$;

@@ -1,0 +1,304 @@
+"""Durable memory (memchat.memories) through the API: what the backfill
+keeps of each side's messages, GET /memories (a page at a time, searched
+with q) and DELETE /memories/{id}, memory outliving its transcript through
+the TTL cleanup (MEMORY_RETENTION_DAYS) and recall finding it then, and
+memory going with its user.
+
+The fake model's embeddings are bags of hashed words
+(memchat.model.embeddings.local_embedding): two texts are near when they
+share words.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from memchat.usecases.backfill import Embedder
+from memchat.usecases.cleanup import Cleanup
+from tests.api import test_memory_search as search_tests
+from tests.utils.api import ApiClient
+from tests.utils.chat_api import chat
+from tests.utils.fake_openai import FakeOpenAI
+
+DAY = datetime(2024, 3, 1, 12, tzinfo=UTC)
+empty_queue = search_tests.empty_queue
+embedder = search_tests.embedder
+import_sessions, search = search_tests.import_sessions, search_tests.search
+
+MOVED = "I moved to Berlin in March for a new job."
+WEATHER = "The weather there is grey most days."
+MUSEUM = "I would start with the Pergamon museum on a rainy day."
+
+
+def at(minutes: int) -> datetime:
+    return DAY + timedelta(minutes=minutes)
+
+
+async def memories(api: ApiClient, auth: dict[str, str], **params: Any) -> dict[str, Any]:
+    response = await api.get("/memories", params=params, headers=auth)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def berlin(api: ApiClient, auth: dict[str, str], embedder: Embedder) -> str:
+    """A session where the user moved to Berlin and the assistant suggests a
+    museum, embedded; returns its id."""
+    (session_id,) = await import_sessions(
+        api,
+        auth,
+        [
+            ("user", f"{MOVED} {WEATHER}", at(0)),
+            ("assistant", f"Welcome to Berlin! {MUSEUM}", at(1)),
+        ],
+    )
+    await embedder.run()
+    return session_id
+
+
+def expire(admin: psycopg.Connection, session_id: str) -> None:
+    admin.execute(
+        "update public.chat_sessions set expires_at = now() - interval '1 minute' where id = %s",
+        (uuid.UUID(session_id),),
+    )
+
+
+def expiry_of(admin: psycopg.Connection, session_id: str) -> datetime:
+    (expires_at,) = admin.execute(
+        "select expires_at from public.chat_sessions where id = %s", (uuid.UUID(session_id),)
+    ).fetchone() or (None,)
+    assert expires_at is not None
+    return expires_at  # type: ignore[no-any-return]
+
+
+def stored(admin: psycopg.Connection, user_id: uuid.UUID) -> int:
+    (count,) = admin.execute(
+        "select count(*) from memchat.memories where user_id = %s", (user_id,)
+    ).fetchone() or (0,)
+    return int(count)
+
+
+async def test_the_backfill_keeps_what_each_side_said_of_themselves(
+    api: ApiClient, admin: psycopg.Connection, embedder: Embedder
+) -> None:
+    _, auth = api.new_user()
+    session_id = await berlin(api, auth, embedder)
+    body = await memories(api, auth)
+    assert body["next_cursor"] is None
+    # Newest first; a sentence that says nothing of its speaker is not kept.
+    assert [(m["kind"], m["text"]) for m in body["memories"]] == [
+        ("assistant", MUSEUM),
+        ("fact", MOVED),
+    ]
+    fact = body["memories"][1]
+    assert fact["session_id"] == session_id and fact["agent_name"] == "default"
+    assert fact["created_at"].startswith("2024-03-01T12:00:00")
+    # While the session lives, a memory expires a year after it does.
+    expected = expiry_of(admin, session_id) + timedelta(days=365)
+    assert datetime.fromisoformat(fact["expires_at"]) == expected
+    # The backfill runs again (a new model, say): nothing is written twice.
+    admin.execute(
+        "update memchat.message_embeddings set model = 'older-model' where session_id = %s",
+        (uuid.UUID(session_id),),
+    )
+    admin.execute("select memchat.queue_embeddings(array[%s]::uuid[])", (uuid.UUID(session_id),))
+    await embedder.run()
+    assert len((await memories(api, auth))["memories"]) == 2
+
+
+async def test_a_turns_messages_are_kept_once_the_backfill_has_run(
+    api: ApiClient, embedder: Embedder, model: FakeOpenAI
+) -> None:
+    _, auth = api.new_user()
+    model.script({"content": "I am glad you found a flat near the park."})
+    await chat(api, auth, "I finally found a flat near Tempelhof park.")
+    assert (await memories(api, auth))["memories"] == []
+    await embedder.run()
+    kept = [(m["kind"], m["text"]) for m in (await memories(api, auth))["memories"]]
+    assert kept == [
+        ("assistant", "I am glad you found a flat near the park."),
+        ("fact", "I finally found a flat near Tempelhof park."),
+    ]
+
+
+async def test_the_listing_pages_filters_by_agent_and_searches(
+    api: ApiClient, embedder: Embedder
+) -> None:
+    _, auth = api.new_user()
+    await berlin(api, auth, embedder)
+    await import_sessions(api, auth, [("user", "I adopted a grey cat called Miso.", at(90))])
+    said = {
+        "role": "user",
+        "content": "I run five kilometres daily.",
+        "created_at": at(99).isoformat(),
+    }
+    response = await api.post(
+        "/sessions/import",
+        json={"sessions": [{"agent_name": "coach", "messages": [said]}]},
+        headers=auth,
+    )
+    assert response.status_code == 200, response.text
+    await embedder.run()
+    first = await memories(api, auth, limit=2)
+    assert len(first["memories"]) == 2 and first["next_cursor"]
+    rest = await memories(api, auth, limit=2, cursor=first["next_cursor"])
+    texts = [m["text"] for m in first["memories"] + rest["memories"]]
+    assert len(texts) == 4 == len(set(texts)) and rest["next_cursor"] is None
+    # The latest stated first.
+    stated = [m["created_at"] for m in first["memories"] + rest["memories"]]
+    assert stated == sorted(stated, reverse=True)
+    assert texts[0] == "I run five kilometres daily."
+    coach = await memories(api, auth, agent_name="coach")
+    assert [m["text"] for m in coach["memories"]] == ["I run five kilometres daily."]
+    # q: recall's search over the memories, best first, with a score.
+    found = await memories(api, auth, q="where did I move to, Berlin?")
+    assert found["memories"][0]["text"] == MOVED
+    assert found["memories"][0]["score"] > 0.3 and found["next_cursor"] is None
+    for params, code in (
+        ({"cursor": "not-a-cursor"}, 400),
+        ({"q": "   "}, 400),
+        ({"q": "cat", "cursor": first["next_cursor"]}, 400),
+        ({"limit": 0}, 422),
+        ({"agent_name": "no spaces"}, 422),
+    ):
+        response = await api.get("/memories", params=params, headers=auth)
+        assert response.status_code == code, (params, response.text)
+        assert "error" in response.json()
+
+
+async def test_a_deleted_memory_is_gone_for_good_and_only_its_owner_may_delete_it(
+    api: ApiClient, admin: psycopg.Connection, embedder: Embedder
+) -> None:
+    _, auth = api.new_user()
+    _, other = api.new_user()
+    session_id = await berlin(api, auth, embedder)
+    fact = next(m for m in (await memories(api, auth))["memories"] if m["kind"] == "fact")
+    # Another user sees none of them and cannot delete one.
+    assert (await memories(api, other))["memories"] == []
+    refused = await api.delete(f"/memories/{fact['id']}", headers=other)
+    assert refused.status_code == 404
+    assert refused.json()["error"] == "memory_not_found"
+    gone = await api.delete(f"/memories/{fact['id']}", headers=auth)
+    assert gone.status_code == 200 and gone.json() == {"deleted": 1}
+    again = await api.delete(f"/memories/{fact['id']}", headers=auth)
+    assert again.status_code == 404
+    assert (await api.delete("/memories/0", headers=auth)).status_code == 422
+    # The backfill reading the message again does not bring it back.
+    admin.execute(
+        "update memchat.message_embeddings set model = 'older-model' where session_id = %s",
+        (uuid.UUID(session_id),),
+    )
+    admin.execute("select memchat.queue_embeddings(array[%s]::uuid[])", (uuid.UUID(session_id),))
+    await embedder.run()
+    assert [m["text"] for m in (await memories(api, auth))["memories"]] == [MUSEUM]
+
+
+async def test_memory_outlives_the_transcript_and_recall_finds_it(
+    custom_api: Callable[..., ApiClient],
+    admin: psycopg.Connection,
+    embedder: Embedder,
+    cleanup_url: str,
+    model: FakeOpenAI,
+) -> None:
+    api = custom_api(memory_recall_min_score=0.2)
+    user_id, auth = api.new_user()
+    session_id = await berlin(api, auth, embedder)
+    ends = expiry_of(admin, session_id)
+    expire(admin, session_id)
+    result = Cleanup(cleanup_url, batch_size=1000, pause_factor=0).run()
+    assert result.deleted_sessions >= 1 and result.finished
+    sessions = (await api.get("/sessions", headers=auth)).json()["sessions"]
+    assert sessions == []
+    kept = (await memories(api, auth))["memories"]
+    assert [m["text"] for m in kept] == [MUSEUM, MOVED]
+    # A year past the session's expiry (the one the cleanup found passed).
+    expires = datetime.fromisoformat(kept[0]["expires_at"])
+    assert expires - timedelta(days=365) < ends
+    assert expires > datetime.now(UTC) + timedelta(days=364)
+    # Recall finds a memory, says it is one, and a turn's prompt shows it.
+    hits = (await search(api, auth, "when did I move to Berlin?")).json()["hits"]
+    assert hits[0]["kind"] == "memory" and hits[0]["question"] == MOVED
+    assert hits[0]["memory_id"] == kept[1]["id"] and hits[0]["answer"] is None
+    assert hits[0]["created_at"].startswith("2024-03-01T12:00:00")
+    model.script({"content": "You moved in March."})
+    body = await chat(api, auth, "when did I move to Berlin?")
+    assert body["memory"]["recalled"][0]["message_id"] == kept[1]["message_id"]
+    prompt = "\n".join(str(m.get("content")) for m in model.requests[-1]["messages"])
+    assert "remembered" in prompt and MOVED in prompt
+    # Past its retention, the cleanup deletes it.
+    admin.execute(
+        "update memchat.memories set expires_at = now() - interval '1 minute'"
+        " where user_id = %s and session_id = %s",
+        (user_id, uuid.UUID(session_id)),
+    )
+    result = Cleanup(cleanup_url, batch_size=1, pause_factor=0).run()
+    assert result.deleted_memories >= 2
+    assert (await memories(api, auth))["memories"] == []
+
+
+async def test_with_no_retention_memory_goes_with_its_session(
+    api: ApiClient, admin: psycopg.Connection, embedder: Embedder, cleanup_url: str
+) -> None:
+    user_id, auth = api.new_user()
+    session_id = await berlin(api, auth, embedder)
+    expire(admin, session_id)
+    result = Cleanup(cleanup_url, batch_size=1000, pause_factor=0, memory_retention_days=0).run()
+    assert result.deleted_sessions >= 1 and result.deleted_memories >= 2
+    assert stored(admin, user_id) == 0
+
+
+async def test_a_session_deleted_by_its_user_takes_its_memories(
+    api: ApiClient, admin: psycopg.Connection, embedder: Embedder
+) -> None:
+    user_id, auth = api.new_user()
+    session_id = await berlin(api, auth, embedder)
+    await import_sessions(api, auth, [("user", "I adopted a grey cat called Miso.", at(90))])
+    await embedder.run()
+    assert stored(admin, user_id) == 3
+    # Not the cleanup (the Data API, say): the session's memories go too.
+    admin.execute("delete from public.chat_sessions where id = %s", (uuid.UUID(session_id),))
+    assert [m["text"] for m in (await memories(api, auth))["memories"]] == [
+        "I adopted a grey cat called Miso."
+    ]
+    # Clearing a session keeps what memory kept of it.
+    (other,) = [s["id"] for s in (await api.get("/sessions", headers=auth)).json()["sessions"]]
+    cleared = await api.post("/chat/clear-session", json={"session_id": other}, headers=auth)
+    assert cleared.status_code == 200, cleared.text
+    assert stored(admin, user_id) == 1
+    erased = await api.delete("/me", headers=auth)
+    assert erased.status_code == 200 and erased.json()["deleted"]["memories"] == 1
+    assert stored(admin, user_id) == 0
+
+
+async def test_the_account_export_carries_the_memories_in_every_format(
+    api: ApiClient, admin: psycopg.Connection, embedder: Embedder, cleanup_url: str
+) -> None:
+    _, auth = api.new_user()
+    session_id = await berlin(api, auth, embedder)
+    expire(admin, session_id)
+    Cleanup(cleanup_url, batch_size=1000, pause_factor=0).run()  # a memory outlives its session
+    await import_sessions(api, auth, [("user", "I adopted a grey cat called Miso.", at(90))])
+    await embedder.run()
+    body = (await api.get("/export", headers=auth)).json()
+    assert [s["id"] for s in body["sessions"]] != [session_id]
+    exported = body["memories"]
+    assert [(m["kind"], m["text"]) for m in exported] == [
+        ("fact", MOVED),
+        ("assistant", MUSEUM),
+        ("fact", "I adopted a grey cat called Miso."),
+    ]
+    assert exported[0]["session_id"] == session_id and exported[0]["expires_at"]
+    assert exported[2]["expires_at"] is None  # its session lives
+    lines = (await api.get("/export?format=ndjson", headers=auth)).text.splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [r["text"] for r in records if r["type"] == "memory"] == [m["text"] for m in exported]
+    markdown = (await api.get("/export?format=markdown", headers=auth)).text
+    memories_part = markdown.split("# Memories\n\n", 1)[1]
+    assert f"- {MOVED} _(the user, " in memories_part
+    assert f"- {MUSEUM} _(the assistant, " in memories_part
