@@ -41,6 +41,8 @@ $$;
 create index if not exists memories_owner_idx on memchat.memories (user_id, created_at desc, id desc);
 create index if not exists memories_session_idx on memchat.memories (session_id) where expires_at is null;
 create index if not exists memories_expiry_idx on memchat.memories (expires_at) where expires_at is not null;
+create index if not exists memories_durable_idx on memchat.memories (user_id, agent_name)
+  where expires_at is not null;
 
 -- What a user deleted of the memories a message made (DELETE /memories/{id}):
 -- memchat.memories_save never writes them again (`memchat db reembed` reads
@@ -207,15 +209,24 @@ CREATE OR REPLACE FUNCTION memchat.search_memories(p_agent_name text, p_query ex
 AS $function$
 declare
   v_words tsquery := memchat.any_words(p_text);
+  v_ids bigint[];
 begin
+  if p_durable then
+    select array_agg(m.id) into v_ids from memchat.memories m
+     where m.user_id = (select auth.uid()) and m.agent_name = p_agent_name
+       and m.expires_at is not null;
+  else
+    select array_agg(m.id) into v_ids from memchat.memories m
+     where m.user_id = (select auth.uid()) and m.agent_name = p_agent_name;
+  end if;
+  if v_ids is null then
+    return;
+  end if;
   return query
   with own as materialized (
     select m.id, m.model, m.embedding, m.lexemes
       from memchat.memories m
-     where m.user_id = (select auth.uid()) and m.agent_name = p_agent_name
-       and (not p_durable
-            or not exists (select 1 from public.chat_message_history h
-                            where h.id = m.message_id and h.user_id = m.user_id))
+     where m.user_id = (select auth.uid()) and m.id = any(v_ids)
   ), meaning as (
     select o.id, row_number() over (order by o.embedding operator(extensions.<=>) p_query, o.id desc)
              as r

@@ -209,6 +209,9 @@ async def test_memory_outlives_the_transcript_and_recall_finds_it(
     api = custom_api(memory_recall_min_score=0.2)
     user_id, auth = api.new_user()
     session_id = await berlin(api, auth, embedder)
+    # While the session lives, recall finds its exchange, never its memories.
+    live = (await search(api, auth, "when did I move to Berlin?")).json()["hits"]
+    assert live and {h["kind"] for h in live} == {"exchange"}
     ends = expiry_of(admin, session_id)
     expire(admin, session_id)
     result = Cleanup(cleanup_url, batch_size=1000, pause_factor=0).run()

@@ -16,7 +16,7 @@ from memchat.throttle import Bucket
 
 # memchat.recall's parameters by name: each named once, here.
 # The live exchanges (memchat.recall) and, in the same statement, the
-# durable memories whose message is gone (memchat.search_memories).
+# durable memories whose session is gone (memchat.search_memories).
 RECALL = """
 select memchat.recall(
   p_session_id => %(session_id)s, p_agent_name => %(agent_name)s, p_window => %(window)s,

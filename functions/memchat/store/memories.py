@@ -1,6 +1,6 @@
 """Durable memory (memchat.memories): written by the embedding backfill,
 listed, searched and deleted by its user, searched by recall once its
-message is gone (supabase/schemas/functions/memories.sql)."""
+session is gone (supabase/schemas/functions/memories.sql)."""
 
 from __future__ import annotations
 

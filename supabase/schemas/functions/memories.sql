@@ -84,9 +84,10 @@ $$;
 -- messages) and those holding most of the words (ts_rank), fused by
 -- reciprocal rank (k = 20, lists 2 * p_limit deep, as recall's); none
 -- below p_min_score similarity to p_query, however found (score: that
--- similarity; null without p_query). p_durable: only those whose message
--- is gone (recall finds the others through their exchange). Runs as the
--- caller: RLS applies.
+-- similarity; null without p_query). p_durable: only those whose session
+-- is gone (expires_at set: recall finds the others through their exchange;
+-- a turn's recall reads none of a live session's, however many). Runs as
+-- the caller: RLS applies.
 create function memchat.search_memories(
   p_agent_name text, p_query extensions.vector, p_model text, p_text text, p_limit integer,
   p_min_score double precision, p_durable boolean
@@ -96,15 +97,24 @@ set search_path = ''
 as $$
 declare
   v_words tsquery := memchat.any_words(p_text);
+  v_ids bigint[];
 begin
+  if p_durable then
+    select array_agg(m.id) into v_ids from memchat.memories m
+     where m.user_id = (select auth.uid()) and m.agent_name = p_agent_name
+       and m.expires_at is not null;
+  else
+    select array_agg(m.id) into v_ids from memchat.memories m
+     where m.user_id = (select auth.uid()) and m.agent_name = p_agent_name;
+  end if;
+  if v_ids is null then
+    return;
+  end if;
   return query
   with own as materialized (
     select m.id, m.model, m.embedding, m.lexemes
       from memchat.memories m
-     where m.user_id = (select auth.uid()) and m.agent_name = p_agent_name
-       and (not p_durable
-            or not exists (select 1 from public.chat_message_history h
-                            where h.id = m.message_id and h.user_id = m.user_id))
+     where m.user_id = (select auth.uid()) and m.id = any(v_ids)
   ), meaning as (
     select o.id, row_number() over (order by o.embedding operator(extensions.<=>) p_query, o.id desc)
              as r

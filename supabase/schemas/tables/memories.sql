@@ -1,8 +1,8 @@
 -- Durable memory: what a session's messages stated, kept apart from the
 -- transcript so that it outlives it (docs/api.md, "Memories"). Written by
--- the embedding backfill (memchat.memories_save) and by an import; read and
--- deleted by their user (GET and DELETE /memories), searched by recall once
--- their message is gone. Row-level security, privileges: policies.sql,
+-- the embedding backfill (memchat.memories_save); read and deleted by their
+-- user (GET and DELETE /memories), searched by recall once their session is
+-- gone (memories_durable_idx). Row-level security, privileges: policies.sql,
 -- grants.sql; the session's end (trigger chat_sessions_memories): triggers.sql.
 --
 -- The clock: while its session lives a memory's expires_at is null (it
@@ -46,6 +46,8 @@ comment on column memchat.memories.expires_at is
 create index memories_owner_idx on memchat.memories (user_id, created_at desc, id desc);
 create index memories_session_idx on memchat.memories (session_id) where expires_at is null;
 create index memories_expiry_idx on memchat.memories (expires_at) where expires_at is not null;
+create index memories_durable_idx on memchat.memories (user_id, agent_name)
+  where expires_at is not null;
 
 -- What a user deleted of the memories a message made (DELETE /memories/{id}):
 -- memchat.memories_save never writes them again (`memchat db reembed` reads
