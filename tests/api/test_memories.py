@@ -24,7 +24,7 @@ from memchat.usecases.cleanup import Cleanup
 from tests.api import test_memory_search as search_tests
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import chat
-from tests.utils.fake_openai import FakeOpenAI
+from tests.utils.fake_openai import FakeOpenAI, tool_call
 
 DAY = datetime(2024, 3, 1, 12, tzinfo=UTC)
 empty_queue = search_tests.empty_queue
@@ -305,3 +305,55 @@ async def test_the_account_export_carries_the_memories_in_every_format(
     memories_part = markdown.split("# Memories\n\n", 1)[1]
     assert f"- {MOVED} _(the user, " in memories_part
     assert f"- {MUSEUM} _(the assistant, " in memories_part
+
+
+async def test_the_model_forgets_memories_the_user_asks_it_to_with_the_turn(
+    api: ApiClient, admin: psycopg.Connection, embedder: Embedder, model: FakeOpenAI
+) -> None:
+    user_id, auth = api.new_user()
+    await berlin(api, auth, embedder)
+    fact = next(m for m in (await memories(api, auth))["memories"] if m["kind"] == "fact")
+    # The model finds what the user means, then forgets it by id, then says so.
+    model.script(
+        tool_call("find_memories", content="Berlin move"),
+        tool_call("forget_memories", content=f"{fact['id']}, 999999"),
+        tool_call("forget_memories", content=str(fact["id"])),
+        {"content": "Done: I forgot that you moved to Berlin."},
+    )
+    body = await chat(api, auth, "Please forget that I moved to Berlin.")
+    assert body["answer"] == "Done: I forgot that you moved to Berlin."
+    results = [m["content"] for m in model.requests[-1]["messages"] if m["role"] == "tool"]
+    shown = json.loads(results[0])
+    assert shown[0] == {
+        "id": fact["id"],
+        "text": MOVED,
+        "time": fact["created_at"],
+        "said_by": "user",
+    }
+    assert results[1] == (
+        "error: forget_memories takes ids that find_memories showed in this turn; not shown: 999999"
+    )
+    assert results[2] == f"forgotten, for good: {json.dumps([MOVED])}"
+    assert [m["text"] for m in (await memories(api, auth))["memories"]] == [MUSEUM]
+    (marked,) = admin.execute(
+        "select count(*) from memchat.forgotten_memories where user_id = %s", (user_id,)
+    ).fetchone() or (0,)
+    assert marked == 1
+
+
+async def test_a_turn_that_fails_forgets_nothing(
+    api: ApiClient, embedder: Embedder, model: FakeOpenAI
+) -> None:
+    _, auth = api.new_user()
+    await berlin(api, auth, embedder)
+    fact = next(m for m in (await memories(api, auth))["memories"] if m["kind"] == "fact")
+    model.script(
+        tool_call("find_memories", content="Berlin"),
+        tool_call("forget_memories", content=str(fact["id"])),
+        {"status": 500, "error": "the model broke"},
+    )
+    response = await api.post(
+        "/chat", json={"message": "forget that I moved to Berlin"}, headers=auth
+    )
+    assert response.status_code == 502, response.text
+    assert len((await memories(api, auth))["memories"]) == 2

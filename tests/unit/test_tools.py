@@ -20,7 +20,10 @@ def test_schema_is_an_openai_function_tool_with_every_operation() -> None:
     parameters = function["parameters"]
     assert parameters["required"] == ["operation"]
     assert parameters["additionalProperties"] is False
-    assert parameters["properties"]["operation"]["enum"] == list(notes.OPERATIONS)
+    assert parameters["properties"]["operation"]["enum"] == [
+        *notes.OPERATIONS,
+        *tools.MEMORY_OPERATIONS,
+    ]
     assert set(parameters["properties"]) == {"operation", "content", "header"}
 
 

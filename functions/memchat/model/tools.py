@@ -8,6 +8,9 @@ from typing import Any
 from memchat import notes
 
 TOOL_NAME = "manage_long_term_memory"
+# The operations on durable memory (memchat.memories), run by the conversation.
+FIND_MEMORIES, FORGET_MEMORIES = "find_memories", "forget_memories"
+MEMORY_OPERATIONS = (FIND_MEMORIES, FORGET_MEMORIES)
 
 TOOL_SCHEMA: dict[str, Any] = {
     "type": "function",
@@ -17,16 +20,24 @@ TOOL_SCHEMA: dict[str, Any] = {
             "Read or edit your long-term notes about this user: durable facts and "
             "preferences worth remembering across conversations. The notes are one "
             "Markdown document; sections start with Markdown headers (e.g. '## Preferences'). "
-            "Keep them short and factual; never store secrets."
+            "Keep them short and factual; never store secrets. Besides the notes, memchat "
+            "remembers what was said in past conversations: find_memories (content: what "
+            "about) lists those memories with their ids; when the user asks you to forget "
+            "something, find it, then forget_memories (content: the ids, comma-separated) "
+            "deletes them for good, and tell the user what was forgotten."
         ),
         "parameters": {
             "type": "object",
             "properties": {
-                "operation": {"type": "string", "enum": list(notes.OPERATIONS)},
+                "operation": {
+                    "type": "string",
+                    "enum": [*notes.OPERATIONS, *MEMORY_OPERATIONS],
+                },
                 "content": {
                     "type": "string",
                     "description": "Text for overwrite, append, prepend and "
-                    "replace_section_by_header.",
+                    "replace_section_by_header; what about, for find_memories; the ids, "
+                    "for forget_memories.",
                 },
                 "header": {
                     "type": "string",

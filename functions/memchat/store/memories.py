@@ -50,10 +50,11 @@ select coalesce(jsonb_agg({fields} || jsonb_build_object('score', f.score)
        with ordinality f
   join memchat.memories m on m.id = f.id and m.user_id = (select auth.uid())
 """).format(fields=_FIELDS)
-_DELETE = """
+# The caller's memories of the ids given deleted, each marked forgotten.
+FORGET = """
 with gone as (
   delete from memchat.memories m
-   where m.user_id = (select auth.uid()) and m.id = %s
+   where m.user_id = (select auth.uid()) and m.id = any(%s::bigint[])
   returning m.user_id, m.message_id, m.ordinal
 ), marked as (
   insert into memchat.forgotten_memories (message_id, ordinal, user_id)
@@ -145,7 +146,7 @@ async def delete_memory(db: Database, caller: Caller, memory_id: int) -> int:
     backfill): 1, or 0 when the caller has none with that id."""
     async with db.pipeline(caller.claims, throttle=Bucket.WRITE) as conn:
         cur = conn.cursor()
-        await cur.execute(_DELETE, (memory_id,))
+        await cur.execute(FORGET, ([memory_id],))
     row = await cur.fetchone()
     return int(row[0]) if row else 0
 

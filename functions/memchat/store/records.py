@@ -223,6 +223,9 @@ class Turn:
     # Queue the session for its summary once this many of its messages are
     # outside the summary (the window + SUMMARY_TRIGGER_MESSAGES); None: never.
     summary_due_after: int | None = None
+    # Memories the model forgot at the user's request (memchat.memories ids),
+    # deleted with the turn, in its transaction.
+    forget_memory_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from memchat.errors import (
 )
 from memchat.store.db import Database, translate
 from memchat.store.fragments import vector_param
+from memchat.store.memories import FORGET
 from memchat.store.records import (
     Caller,
     Context,
@@ -258,6 +259,8 @@ async def record_turn(db: Database, caller: Caller, turn: Turn) -> SessionInfo:
         async with db.pipeline(caller.claims) as conn:
             session_cur = conn.cursor()
             await session_cur.execute(RECORD_TURN, args)
+            if turn.forget_memory_ids:
+                await conn.cursor().execute(FORGET, (turn.forget_memory_ids,))
     except psycopg.errors.UniqueViolation as exc:
         if exc.diag.constraint_name == "chat_message_history_client_message_idx":
             raise DuplicateClientMessage() from exc

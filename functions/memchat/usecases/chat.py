@@ -49,13 +49,15 @@ if TYPE_CHECKING:
     from memchat.model import tools
     from memchat.model.client import ModelClient, ToolCall
     from memchat.store.db import Database
-    from memchat.usecases.conversation import Outcome
+    from memchat.usecases.conversation import FindMemories, Outcome
     from memchat.usecases.streaming import TurnListener
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SYSTEM_PROMPT = SYSTEM_PROMPT
 NO_ROUNDS_LEFT = conversation.NO_ROUNDS_LEFT
+# The most memories one find_memories call shows the model.
+FIND_MEMORIES_LIMIT = 10
 _MAX_NOTE_RETRIES = 3
 _TITLE_CHARS = 80
 # A turn's claim on its client_message_id outlives its deadline by this much,
@@ -391,6 +393,7 @@ class ChatService:
                     if self._offers_search(request)
                     else None,
                     sampling=request.sampling,
+                    find_memories=self._memory_finder(caller, memory.agent_name),
                 ),
             )
             model_ms = (time.perf_counter() - model_started) * 1000
@@ -556,7 +559,27 @@ class ChatService:
             notes_version=memory.notes.version,
             new_session=context.session is None and request.session_id is None,
             summary_due_after=self._window(request) + self.settings.summary_trigger_messages,
+            forget_memory_ids=list(outcome.forgotten),
         )
+
+    def _memory_finder(self, caller: store.Caller, agent_name: str) -> FindMemories:
+        """The memory tool's find_memories for this turn: the caller's
+        memories matching a text, as GET /memories?q= finds them."""
+        from memchat.usecases.memories import memories_matching
+
+        async def find(about: str) -> list[tuple[int, str, str, str]]:
+            found = await memories_matching(
+                self.db,
+                self.recall,
+                self.settings,
+                caller,
+                agent_name=agent_name,
+                text=about[:16000],
+                limit=FIND_MEMORIES_LIMIT,
+            )
+            return [(m.id, m.text, m.created_at.isoformat(), m.kind) for m in found]
+
+        return find
 
     async def _continued(
         self, caller: store.Caller, request: ChatRequest, context: store.Context

@@ -17,6 +17,7 @@ round have run.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,10 @@ class Outcome:
     client_calls: list[ToolCall] = field(default_factory=list)
     # Each search_memory call: its query, k and the exchanges it found (by id).
     searches: list[dict[str, Any]] = field(default_factory=list)
+    # The memories find_memories showed the model (id: text), and those it
+    # chose to forget (deleted with the turn).
+    memories_shown: dict[int, str] = field(default_factory=dict)
+    forgotten: list[int] = field(default_factory=list)
 
     @property
     def answer_message(self) -> dict[str, Any]:
@@ -62,6 +67,8 @@ class Outcome:
 
 # Runs one search_memory call: (the tool's result text, the call's log entry).
 SearchMemory = Callable[[dict[str, Any]], Awaitable[tuple[str, dict[str, Any]]]]
+# The caller's memories matching a text: [(id, text, created_at ISO, kind)].
+FindMemories = Callable[[str], Awaitable[list[tuple[int, str, str, str]]]]
 
 
 async def complete(
@@ -95,6 +102,7 @@ async def converse(
     client_tools: tuple[dict[str, Any], ...] = (),
     search: SearchMemory | None = None,
     sampling: Sampling | None = None,
+    find_memories: FindMemories | None = None,
 ) -> Outcome:
     """Ask the model, running its memory tool calls, until it answers (at most
     `max_rounds` tool rounds) or calls one of `client_tools`. `prompt` grows
@@ -120,7 +128,7 @@ async def converse(
             _answered(outcome, completion, round_number)
             return outcome
         asked = len(outcome.messages)  # where this round's assistant message goes
-        await _run_round(outcome, completion, prompt, listener, client_names, search)
+        await _run_round(outcome, completion, prompt, listener, client_names, search, find_memories)
         if outcome.client_calls:
             outcome.answer = completion.content
             outcome.messages[asked] = messages.ai(
@@ -149,6 +157,7 @@ async def _run_round(
     listener: TurnListener | None,
     client_names: set[str],
     search: SearchMemory | None,
+    find_memories: FindMemories | None,
 ) -> None:
     """Run one round's tool calls: their messages go to the prompt and the
     store. Calls of the client's tools are not run: they are kept for the client."""
@@ -177,6 +186,8 @@ async def _run_round(
         edits = len(outcome.edits)
         if call.name == search_tool.TOOL_NAME and search is not None:
             result = await _search(call, outcome, search)
+        elif call.name == tools.TOOL_NAME and _operation(call) in tools.MEMORY_OPERATIONS:
+            result = await _memories(call, outcome, find_memories)
         else:
             result = _run_tool(call, outcome)
         if listener is not None and len(outcome.edits) > edits:
@@ -193,6 +204,52 @@ async def _search(call: ToolCall, outcome: Outcome, search: SearchMemory) -> str
     result, entry = await search(arguments)
     outcome.searches.append(entry)
     return result
+
+
+def _operation(call: ToolCall) -> str:
+    try:
+        return str(call.parsed().get("operation", ""))
+    except ValueError:
+        return ""
+
+
+async def _memories(call: ToolCall, outcome: Outcome, find: FindMemories | None) -> str:
+    """find_memories: the memories matching `content`, with their ids;
+    forget_memories: those of `content`'s ids that a find showed, forgotten
+    when the turn is stored."""
+    if find is None:
+        return "error: memory is off for this turn"
+    arguments = call.parsed()
+    content = arguments.get("content")
+    if not isinstance(content, str) or not content.strip():
+        return "error: content must say what about (find_memories) or which ids (forget_memories)"
+    if arguments["operation"] == tools.FIND_MEMORIES:
+        found = await find(content)
+        outcome.memories_shown.update({memory_id: text for memory_id, text, _, _ in found})
+        if not found:
+            return "no memory matches"
+        return json.dumps(
+            [
+                {"id": memory_id, "text": text, "time": at, "said_by": _said_by(kind)}
+                for memory_id, text, at, kind in found
+            ],
+            ensure_ascii=False,
+        )
+    ids = [int(part) for part in re.findall(r"\d+", content)]
+    unknown = [i for i in ids if i not in outcome.memories_shown]
+    if not ids or unknown:
+        return "error: forget_memories takes ids that find_memories showed in this turn" + (
+            f"; not shown: {', '.join(map(str, unknown))}" if unknown else ""
+        )
+    chosen = [i for i in dict.fromkeys(ids) if i not in outcome.forgotten]
+    outcome.forgotten.extend(chosen)
+    return "forgotten, for good: " + json.dumps(
+        [outcome.memories_shown[i] for i in chosen], ensure_ascii=False
+    )
+
+
+def _said_by(kind: str) -> str:
+    return "user" if kind == "fact" else "assistant"
 
 
 def _stored_call(call: ToolCall) -> dict[str, Any]:
