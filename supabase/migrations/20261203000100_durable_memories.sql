@@ -38,7 +38,8 @@ begin
 end
 $$;
 
-create index if not exists memories_owner_idx on memchat.memories (user_id, created_at desc, id desc);
+create index if not exists memories_owner_idx on memchat.memories
+  (user_id, created_at desc, message_id desc, ordinal desc);
 create index if not exists memories_session_idx on memchat.memories (session_id) where expires_at is null;
 create index if not exists memories_expiry_idx on memchat.memories (expires_at) where expires_at is not null;
 create index if not exists memories_durable_idx on memchat.memories (user_id, agent_name)

@@ -25,21 +25,25 @@ _SAVE = (
 _FIELDS = sql.SQL("""
 jsonb_build_object(
   'id', m.id, 'agent_name', m.agent_name, 'text', m.text, 'kind', m.kind,
-  'session_id', m.session_id, 'message_id', m.message_id, 'created_at', m.created_at,
+  'session_id', m.session_id, 'message_id', m.message_id, 'ordinal', m.ordinal,
+  'created_at', m.created_at,
   'expires_at', coalesce(m.expires_at,
                          (select s.expires_at from public.chat_sessions s
                            where s.id = m.session_id and s.user_id = m.user_id)
                          + make_interval(days => %(days)s)))
 """)
 _LIST = sql.SQL("""
-select coalesce(jsonb_agg(x.memory order by x.created_at desc, x.id desc), '[]'::jsonb)
-  from (select m.id, m.created_at, {fields} as memory
+select coalesce(jsonb_agg(x.memory order by x.created_at desc, x.message_id desc,
+                          x.ordinal desc), '[]'::jsonb)
+  from (select m.created_at, m.message_id, m.ordinal, {fields} as memory
           from memchat.memories m
          where m.user_id = (select auth.uid())
            and (%(agent_name)s::text is null or m.agent_name = %(agent_name)s)
            and (%(before_at)s::timestamptz is null
-                or (m.created_at, m.id) < (%(before_at)s::timestamptz, %(before_id)s::bigint))
-         order by m.created_at desc, m.id desc
+                or (m.created_at, m.message_id, m.ordinal)
+                   < (%(before_at)s::timestamptz, %(before_message)s::bigint,
+                      %(before_ordinal)s::integer))
+         order by m.created_at desc, m.message_id desc, m.ordinal desc
          limit %(limit)s) x
 """).format(fields=_FIELDS)
 _SEARCH = sql.SQL("""
@@ -97,16 +101,18 @@ async def list_memories(
     caller: Caller,
     *,
     agent_name: str | None,
-    before: tuple[datetime, int] | None,
+    before: tuple[datetime, int, int] | None,
     limit: int,
     retention_days: int,
 ) -> list[Memory]:
-    """The caller's memories (of one agent, or all), the latest stated first,
-    after `before` (a page's last (created_at, id)), at most `limit`."""
+    """The caller's memories (of one agent, or all), the latest stated first
+    (a message's later ones first), after `before` (a page's last
+    (created_at, message_id, ordinal)), at most `limit`."""
     params = {
         "agent_name": agent_name,
         "before_at": before[0] if before else None,
-        "before_id": before[1] if before else None,
+        "before_message": before[1] if before else None,
+        "before_ordinal": before[2] if before else None,
         "limit": limit,
         "days": retention_days,
     }

@@ -104,6 +104,7 @@ class Memory:
     created_at: datetime
     expires_at: datetime | None  # None: its session is gone and nothing was set (never)
     score: float | None = None  # a search's similarity to its text
+    ordinal: int = 0  # its place among its message's memories
 
     @classmethod
     def from_json(cls, row: Mapping[str, Any]) -> Memory:
@@ -118,6 +119,7 @@ class Memory:
             created_at=datetime.fromisoformat(row["created_at"]),
             expires_at=datetime.fromisoformat(expires) if expires else None,
             score=row.get("score"),
+            ordinal=int(row.get("ordinal") or 0),
         )
 
 

@@ -25,11 +25,12 @@ async def memory_page(
     caller: store.Caller,
     *,
     agent_name: str | None,
-    before: tuple[datetime, int] | None,
+    before: tuple[datetime, int, int] | None,
     limit: int,
 ) -> tuple[list[store.Memory], bool]:
     """The caller's memories (of one agent, or all), the latest stated
-    first, after `before` (the last one's (created_at, id)), at most
+    first, after `before` (the last one's (created_at, message_id,
+    ordinal)), at most
     `limit`; and whether more follow."""
     page = await store.list_memories(
         db,

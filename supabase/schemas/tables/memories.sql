@@ -43,7 +43,8 @@ comment on table memchat.memories is
 comment on column memchat.memories.expires_at is
   'Null while the session lives; set when the cleanup deletes the session.';
 
-create index memories_owner_idx on memchat.memories (user_id, created_at desc, id desc);
+create index memories_owner_idx on memchat.memories
+  (user_id, created_at desc, message_id desc, ordinal desc);
 create index memories_session_idx on memchat.memories (session_id) where expires_at is null;
 create index memories_expiry_idx on memchat.memories (expires_at) where expires_at is not null;
 create index memories_durable_idx on memchat.memories (user_id, agent_name)

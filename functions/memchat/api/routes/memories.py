@@ -87,18 +87,23 @@ async def delete_memory(
 
 
 def _encode(last: store.Memory) -> str:
-    """The keyset position after `last`: (created_at, id), opaque to clients."""
-    raw = json.dumps([last.created_at.isoformat(), last.id]).encode()
+    """The keyset position after `last`: (created_at, message_id, ordinal),
+    opaque to clients."""
+    raw = json.dumps([last.created_at.isoformat(), last.message_id, last.ordinal]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def _decode(cursor: str) -> tuple[datetime, int]:
+def _decode(cursor: str) -> tuple[datetime, int, int]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        at, memory_id = json.loads(raw)
-        position = datetime.fromisoformat(at), int(memory_id)
+        at, message_id, ordinal = json.loads(raw)
+        position = datetime.fromisoformat(at), int(message_id), int(ordinal)
     except (binascii.Error, ValueError, TypeError, AttributeError):
         raise BadRequest(BAD_CURSOR) from None
-    if position[0].tzinfo is None or not 1 <= position[1] <= INT8_MAX:
+    if (
+        position[0].tzinfo is None
+        or not 1 <= position[1] <= INT8_MAX
+        or not 0 <= position[2] <= 32767
+    ):
         raise BadRequest(BAD_CURSOR)
     return position
