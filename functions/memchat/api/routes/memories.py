@@ -5,15 +5,13 @@ embeddings client."""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
 from memchat import store
+from memchat.api.cursors import BAD_CURSOR, pack, unpack
 from memchat.api.deps import AnyAgentQuery, CurrentUser, State
 from memchat.api.schemas import INT8_MAX, STORABLE_PATTERN, error_responses
 from memchat.api.schemas.memory import MemoryDeleted, MemoryOut, MemoryPage
@@ -22,7 +20,6 @@ from memchat.usecases.memories import forget_memory, memories_matching, memory_d
 
 router = APIRouter(tags=["memory"])
 
-BAD_CURSOR = "cursor is not valid; pass next_cursor from the previous page as it is."
 _NOT_FOUND = {404: "Not one of the caller's memories (`memory_not_found`)"}
 
 
@@ -89,16 +86,14 @@ async def delete_memory(
 def _encode(last: store.Memory) -> str:
     """The keyset position after `last`: (created_at, message_id, ordinal),
     opaque to clients."""
-    raw = json.dumps([last.created_at.isoformat(), last.message_id, last.ordinal]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return pack([last.created_at.isoformat(), last.message_id, last.ordinal])
 
 
 def _decode(cursor: str) -> tuple[datetime, int, int]:
     try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        at, message_id, ordinal = json.loads(raw)
+        at, message_id, ordinal = unpack(cursor)
         position = datetime.fromisoformat(at), int(message_id), int(ordinal)
-    except (binascii.Error, ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError):
         raise BadRequest(BAD_CURSOR) from None
     if (
         position[0].tzinfo is None

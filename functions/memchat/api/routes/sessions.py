@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import uuid
 from datetime import datetime
 from typing import Annotated
@@ -12,14 +9,13 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from memchat import store
+from memchat.api.cursors import BAD_CURSOR, pack, unpack
 from memchat.api.deps import AgentQuery, AnyAgentQuery, CurrentUser, State
 from memchat.api.schemas import error_responses
 from memchat.api.schemas.sessions import SessionOut, SessionPage
 from memchat.errors import BadRequest, SessionNotFound
 
 router = APIRouter(tags=["sessions"])
-
-BAD_CURSOR = "cursor is not valid; pass next_cursor from the previous page as it is."
 
 
 @router.get("/sessions", response_model=SessionPage, responses=error_responses(400, 422))
@@ -58,16 +54,14 @@ async def active_session(
 
 def encode_cursor(last: store.SessionInfo) -> str:
     """The keyset position after `last`: (last_active_at, id), opaque to clients."""
-    raw = json.dumps([last.last_active_at.isoformat(), str(last.id)]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return pack([last.last_active_at.isoformat(), str(last.id)])
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        at, session_id = json.loads(raw)
+        at, session_id = unpack(cursor)
         position = datetime.fromisoformat(at), uuid.UUID(session_id)
-    except (binascii.Error, ValueError, TypeError, AttributeError):
+    except (ValueError, TypeError, AttributeError):
         raise BadRequest(BAD_CURSOR) from None
     if position[0].tzinfo is None:
         raise BadRequest(BAD_CURSOR)
