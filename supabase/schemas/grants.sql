@@ -152,6 +152,7 @@ grant execute on function
   memchat.summary_lag(),
   memchat.summary_source(uuid, integer, integer),
   memchat.summary_save(uuid, text, bigint, bigint),
+  memchat.summary_remember(uuid, text, text, text),
   memchat.summary_done(uuid, integer),
   memchat.summary_failed(uuid, double precision),
   memchat.embedding_claim(integer, double precision),

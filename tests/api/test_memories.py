@@ -245,6 +245,44 @@ async def test_memory_outlives_the_transcript_and_recall_finds_it(
     assert (await memories(api, auth))["memories"] == []
 
 
+KREUZBERG = "I live in a flat by the canal in Kreuzberg, Berlin."
+WEDDING = "I live in a flat in Wedding now, near the park."
+MISO = "I keep a grey cat called Miso in Berlin."
+
+
+async def test_a_newer_memory_about_the_same_thing_ranks_first(
+    custom_api: Callable[..., ApiClient],
+    admin: psycopg.Connection,
+    embedder: Embedder,
+    cleanup_url: str,
+) -> None:
+    api = custom_api(memory_recall_min_score=0.05)
+    _, auth = api.new_user()
+    # The older address matches the question best; the newer one updates it;
+    # the newest memory, about something else, stays where it ranks.
+    ids = await import_sessions(
+        api,
+        auth,
+        [("user", KREUZBERG, at(0))],
+        [("user", WEDDING, at(60 * 24 * 30))],
+        [("user", MISO, at(60 * 24 * 60))],
+    )
+    await embedder.run()
+    question = "Which part of Berlin do I live in?"
+    found = (await memories(api, auth, q=question))["memories"]
+    assert [m["text"] for m in found] == [WEDDING, KREUZBERG, MISO]
+    # Both addresses stay, each with its date, and keep their own scores.
+    assert found[1]["score"] > found[0]["score"]
+    assert found[0]["created_at"] > found[1]["created_at"]
+    # Recall from memories alone (the transcripts gone) ranks them so too.
+    for session_id in ids:
+        expire(admin, session_id)
+    assert Cleanup(cleanup_url, batch_size=1000, pause_factor=0).run().finished
+    hits = (await search(api, auth, question)).json()["hits"]
+    assert [h["question"] for h in hits] == [WEDDING, KREUZBERG, MISO]
+    assert {h["kind"] for h in hits} == {"memory"}
+
+
 async def test_with_no_retention_memory_goes_with_its_session(
     api: ApiClient, admin: psycopg.Connection, embedder: Embedder, cleanup_url: str
 ) -> None:

@@ -454,6 +454,82 @@ async def test_the_ttl_cleanup_removes_summaries_with_their_sessions(
     assert left == 0
 
 
+async def summary_memories(api: ApiClient, auth: dict[str, str], **params: Any) -> list[Any]:
+    response = await api.get("/memories", params=params, headers=auth)
+    assert response.status_code == 200, response.text
+    return [m for m in response.json()["memories"] if m["kind"] == "summary"]
+
+
+async def test_the_summary_outlives_its_session_as_a_memory(
+    api: ApiClient,
+    admin: psycopg.Connection,
+    cleanup_url: str,
+    workers: Callable[..., Summarizer],
+    summary_settings: Settings,
+) -> None:
+    _, auth = api.new_user()
+    sid = await long_session(api, auth, 12, tag="a")
+    assert (await workers().run(max_seconds=30)).remembered == 1
+    summary, covers_until, _, _ = session_summary(admin, sid)
+    (kept,) = await summary_memories(api, auth)
+    assert kept["text"] == summary and kept["session_id"] == sid
+    assert kept["message_id"] == covers_until and kept["expires_at"] is not None
+    (model_name, embedded) = admin.execute(
+        "select model, embedding is not null from memchat.memories where id = %s", (kept["id"],)
+    ).fetchone() or (None, False)
+    assert model_name == summary_settings.openai_embedding_model and embedded
+    # A refresh replaces it: one summary memory per session, the latest.
+    for i in range(6):
+        await chat(api, auth, f"b{i} later", session_id=sid)
+    assert (await workers().run(max_seconds=30)).remembered == 1
+    (latest,) = await summary_memories(api, auth)
+    assert latest["text"] == session_summary(admin, sid)[0] != summary
+    assert latest["message_id"] > covers_until
+    # The transcript expires; its summary stays, and recall finds it.
+    admin.execute(
+        "update public.chat_sessions set expires_at = now() - interval '1 minute' where id = %s",
+        (uuid.UUID(sid),),
+    )
+    Cleanup(cleanup_url, batch_size=1000, pause_factor=0).run()
+    (durable,) = await summary_memories(api, auth)
+    assert durable["id"] == latest["id"]
+    # (Any similarity: the fake model's summary echoes a long prompt.)
+    searching = ApiClient(summary_settings.model_copy(update={"memory_recall_min_score": 0.0}))
+    try:
+        found = await searching.get("/memory/search", params={"q": "a3 more"}, headers=auth)
+    finally:
+        await searching.aclose()
+    assert found.status_code == 200, found.text
+    hits = found.json()["hits"]
+    assert [(h["kind"], h["memory_id"]) for h in hits][:1] == [("memory", latest["id"])]
+    assert hits[0]["answer"] == latest["text"] and hits[0]["question"] == ""
+
+
+async def test_a_forgotten_summary_is_not_written_again(
+    api: ApiClient, admin: psycopg.Connection, workers: Callable[..., Summarizer]
+) -> None:
+    _, auth = api.new_user()
+    sid = await long_session(api, auth, 12)
+    await workers().run(max_seconds=30)
+    (kept,) = await summary_memories(api, auth)
+    gone = await api.delete(f"/memories/{kept['id']}", headers=auth)
+    assert gone.status_code == 200, gone.text
+    # The same summary kept again (the worker's pass repeated): refused.
+    admin.execute(
+        "insert into memchat.summary_queue (user_id, session_id)"
+        " select user_id, id from public.chat_sessions where id = %s",
+        (uuid.UUID(sid),),
+    )
+    worker = workers()
+    due = await store.claim_due_summaries(worker.db, limit=10, lease_seconds=60)
+    (item,) = [d for d in due if d.session_id == uuid.UUID(sid)]
+    summary = session_summary(admin, sid)[0]
+    assert not await store.remember_summary(worker.db, item, summary, "m", None)
+    # Its summary still stands; only the memory is gone.
+    assert summary
+    assert await summary_memories(api, auth) == []
+
+
 async def test_exports_carry_the_summary_and_when_it_was_made(
     api: ApiClient, admin: psycopg.Connection, workers: Callable[..., Summarizer]
 ) -> None:

@@ -71,6 +71,7 @@ from tests.bench.embedding_cache import EmbeddingCache
 from tests.bench.longmemeval_scoring import (
     Exchange,
     Scored,
+    newest_line,
     question_of,
     score,
     summary_line,
@@ -355,6 +356,7 @@ async def run(args: argparse.Namespace) -> None:
                 " finds durable memories only (the session figures are the measure)"
             )
         print(common.format_table(headers, rows))
+        print(newest_line(scored))
         print(summary_line(scored))
 
 

@@ -17,6 +17,11 @@ Metrics (abstention questions, `_abs`, are left out, as in the paper):
   session among the top k), ndcg_any@10 (answer sessions relevant, binary);
 - exchange level, over the ranked hits: recall_any@3 (memchat's default k),
   recall_any@5, recall_all@10 (every evidence exchange among the top 10).
+
+And one of memchat's own, for knowledge-update questions (their two answer
+sessions: a fact and its later update): newest_first, 1 when the newest
+answer session is among the top 10 sessions ahead of the older one
+(`newest_first`, the `newest_line` under the table).
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ class Question:
     answer_sessions: frozenset[str]
     evidence: frozenset[Exchange]  # the exchanges holding a has_answer turn
     unreachable_evidence: int  # has_answer turns that belong to no exchange
+    # A knowledge update's latest answer session (by haystack date), else None.
+    newest_answer: str | None = None
 
     @property
     def abstention(self) -> bool:
@@ -82,14 +89,24 @@ def question_of(record: Mapping[str, Any]) -> Question:
         unreachable += sum(
             1 for i, turn in enumerate(session) if turn.get("has_answer") and i not in covered
         )
+    answer = frozenset(record["answer_session_ids"])
+    dated = sorted(
+        (date, session_id)
+        for session_id, date in zip(
+            record["haystack_session_ids"], record["haystack_dates"], strict=True
+        )
+        if session_id in answer
+    )
+    updated = record["question_type"] == "knowledge-update" and len(dated) > 1
     return Question(
         id=record["question_id"],
         type=record["question_type"],
         date=record["question_date"],
         text=record["question"],
-        answer_sessions=frozenset(record["answer_session_ids"]),
+        answer_sessions=answer,
         evidence=frozenset(evidence),
         unreachable_evidence=unreachable,
+        newest_answer=dated[-1][1] if updated else None,
     )
 
 
@@ -100,6 +117,35 @@ def ranked_sessions(hits: Sequence[Exchange]) -> list[str]:
         if session_id not in seen:
             seen.append(session_id)
     return seen
+
+
+def newest_first(question: Question, hits: Sequence[Exchange]) -> float | None:
+    """For a knowledge update: 1.0 when its newest answer session is among
+    the top 10 sessions and ahead of every other answer session there, else
+    0.0; None for any other question."""
+    if question.newest_answer is None:
+        return None
+    top = ranked_sessions(hits)[:10]
+    if question.newest_answer not in top:
+        return 0.0
+    ahead = top[: top.index(question.newest_answer)]
+    return float(not question.answer_sessions & set(ahead))
+
+
+def newest_line(scored: Iterable[Scored]) -> str:
+    """How often a knowledge update's newest answer session came first
+    (abstention questions left out, as in the table)."""
+    updates = [
+        s.metrics["newest_first"]
+        for s in scored
+        if "newest_first" in s.metrics and not s.question.abstention
+    ]
+    if not updates:
+        return "knowledge updates: none among the questions"
+    return (
+        f"knowledge updates: the newest answer session ahead of the older one in"
+        f" {sum(updates):.0f} of {len(updates)} questions ({statistics.fmean(updates):.3f})"
+    )
 
 
 def _ndcg(ranked: Sequence[str], relevant: frozenset[str], k: int) -> float:
@@ -119,7 +165,9 @@ def score(question: Question, hits: Sequence[Exchange]) -> dict[str, float]:
     def sessions_all(k: int) -> float:
         return float(bool(answer) and answer <= set(sessions[:k]))
 
+    newest = newest_first(question, hits)
     return {
+        **({} if newest is None else {"newest_first": newest}),
         "session_recall_any@5": sessions_any(5),
         "session_recall_all@5": sessions_all(5),
         "session_recall_all@10": sessions_all(10),

@@ -12,6 +12,7 @@ from tests.bench.longmemeval_scoring import (
     Scored,
     exchanges_of,
     intervals,
+    newest_line,
     question_of,
     reach,
     score,
@@ -186,3 +187,27 @@ def test_what_reaches_the_model_counts_each_hits_neighbours() -> None:
     }
     # A neighbour counts only with its hit inside the cut.
     assert reach(question, hits, {("s1", 0): [("s2", 2)]})["turn_recall_any@3"] == 0.0
+
+
+def test_newest_first_asks_a_knowledge_updates_latest_session_to_rank_ahead() -> None:
+    update = record(
+        "q9",
+        "knowledge-update",
+        {"old": [turn("user", True)], "new": [turn("user", True)], "x": [turn("user")]},
+        ["old", "new"],
+    )
+    update["haystack_dates"] = ["2023/05/01 (Mon) 10:00", "2023/05/20 (Sat) 09:00", "2023/05/02"]
+    question = question_of(update)
+    assert question.newest_answer == "new"
+    assert score(question, [("x", 0), ("new", 0), ("old", 0)])["newest_first"] == 1.0
+    assert score(question, [("old", 0), ("new", 0)])["newest_first"] == 0.0
+    assert score(question, [("old", 0)])["newest_first"] == 0.0  # the update not found
+    assert "newest_first" not in score(question_of(MULTI), [("s1", 0)])
+    both = [
+        Scored(question, score(question, hits), 1.0)
+        for hits in ([("new", 0)], [("old", 0), ("new", 0)])
+    ]
+    assert newest_line(both) == (
+        "knowledge updates: the newest answer session ahead of the older one in 1 of 2"
+        " questions (0.500)"
+    )

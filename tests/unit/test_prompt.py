@@ -124,6 +124,30 @@ def test_the_recall_section_labels_each_exchange_oldest_first() -> None:
     ]
 
 
+def test_durable_memories_are_labelled_remembered_and_a_summary_as_one() -> None:
+    from dataclasses import replace
+
+    fact = replace(hit("I moved to Berlin.", 0.8, day=1, answer=None), title=None, memory_id=7)
+    fact = replace(fact, memory_kind="fact")
+    summary = replace(hit("", 0.7, day=2, answer="We planned the move."), title=None)
+    summary = replace(summary, memory_id=8, memory_kind="summary")
+    section = recall_section([summary, fact])
+    assert section.splitlines() == [
+        RECALL_PREAMBLE,
+        f"[2026-11-02 · remembered · {str(uuid.UUID(int=2))[:8]}]",
+        'User: "I moved to Berlin."',
+        "",
+        f"[2026-11-03 · remembered summary · {str(uuid.UUID(int=3))[:8]}]",
+        'Summary: "We planned the move."',
+    ]
+    read = read_memory(memory_block("", [summary, fact], ""))
+    assert read is not None
+    assert [(e.question, e.answer) for e in read.recalled] == [
+        ("I moved to Berlin.", None),
+        ("", "We planned the move."),
+    ]
+
+
 def test_the_oldest_window_messages_go_first_but_never_the_newest_two(
     counter: TokenCounter,
 ) -> None:

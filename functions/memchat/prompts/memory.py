@@ -83,7 +83,9 @@ MEMORY_PREAMBLE = (
 NOTES_PREAMBLE = "Long-term notes about this user (curated by you across conversations):"
 # Then one `[<date> · conversation "<title>" · <id prefix>]` line per exchange
 # (`[<date> · remembered · <id prefix>]` for a durable memory, its conversation
-# gone: the one line its speaker said), a `User: "..."` line and, when there
+# gone: the one line its speaker said; `[<date> · remembered summary · <id
+# prefix>]` and a `Summary: "..."` line for its conversation's summary), a
+# `User: "..."` line and, when there
 # was an answer, an `Assistant: "..."` line;
 # the exchange before it in its conversation first under the same header, the
 # one after it last, under NEXT_IN_CONVERSATION.
@@ -99,6 +101,7 @@ SUMMARY_PREAMBLE = (
 
 USER_LABEL = "User: "
 ASSISTANT_LABEL = "Assistant: "
+SUMMARY_LABEL = "Summary: "
 
 # What a JSON string may still hold raw that could pass for markup or a line
 # break to a model or to str.splitlines().
@@ -144,6 +147,10 @@ def recall_section(hits: Sequence[Hit]) -> str:
         title = f" {quote(hit.title)}" if hit.title else ""
         day = hit.created_at.date().isoformat()
         source = "conversation" if hit.memory_id is None else "remembered"
+        if hit.memory_kind == "summary":
+            header = f"[{day} · {source} summary · {str(hit.session_id)[:8]}]"
+            parts.append(f"{header}\n{SUMMARY_LABEL}{quote(hit.answer or '')}")
+            continue
         lines = [f"[{day} · {source}{title} · {str(hit.session_id)[:8]}]"]
         if hit.before is not None and hit.before.message_id not in shown:
             shown.add(hit.before.message_id)
@@ -221,6 +228,8 @@ def read_memory(content: str) -> Remembered | None:
                     # A second question under one header: the first was its neighbour.
                     before = (last.question, last.answer) if last.question else None
                     recalled[-1] = Exchange(last.header, question, None, before)
+            elif line.startswith(SUMMARY_LABEL) and recalled:
+                recalled[-1] = replace(recalled[-1], answer=_unquote(line[len(SUMMARY_LABEL) :]))
             elif line.startswith(ASSISTANT_LABEL) and recalled:
                 answer = _unquote(line[len(ASSISTANT_LABEL) :])
                 last = recalled[-1]

@@ -119,6 +119,7 @@ if TYPE_CHECKING:
     from memchat.store.stats import chat_stats, session_stats
     from memchat.store.summaries import (
         claim_due_summaries,
+        remember_summary,
         save_summary,
         summary_done,
         summary_failed,
@@ -176,6 +177,7 @@ _WHERE = {
     "chat_of_history": "memchat.store.sessions",
     "chat_stats": "memchat.store.stats",
     "claim_due_summaries": "memchat.store.summaries",
+    "remember_summary": "memchat.store.summaries",
     "claim_embeddings": "memchat.store.backfill",
     "clear_session": "memchat.store.sessions",
     "connect": "memchat.store.db",
@@ -330,6 +332,7 @@ __all__ = [
     "recall",
     "record_turn",
     "release_claim",
+    "remember_summary",
     "resize_embeddings",
     "restore_notes",
     "save_embeddings",

@@ -276,8 +276,10 @@ class Hit:
     before: Neighbour | None = None
     after: Neighbour | None = None
     # A durable memory's (memchat.memories), its transcript gone: `question`
-    # is what the user stated, or `answer` what the assistant did.
+    # is what the user stated, or `answer` what the assistant did (or the
+    # session's summary: memory_kind "summary").
     memory_id: int | None = None
+    memory_kind: str | None = None
 
     @classmethod
     def from_memory_json(cls, row: Mapping[str, Any]) -> Hit:
@@ -291,6 +293,7 @@ class Hit:
             question=row["text"] if said_by_user else "",
             answer=None if said_by_user else row["text"],
             memory_id=int(row["memory_id"]),
+            memory_kind=row["kind"],
         )
 
     @classmethod

@@ -14,12 +14,14 @@ from typing import Any
 
 from memchat import messages
 from memchat.store.db import Database
+from memchat.store.fragments import vector_literal
 from memchat.store.records import DueSummary, SourceMessage, SummarySource
 
 _CLAIM_DUE = "select memchat.summary_claim(%(limit)s, %(lease)s)"
 _SUMMARY_LAG = "select memchat.summary_lag()"
 _SUMMARY_SOURCE = "select memchat.summary_source(%s, %s, %s)"
 _SAVE_SUMMARY = "select memchat.summary_save(%s, %s, %s, %s)"
+_REMEMBER_SUMMARY = "select memchat.summary_remember(%s, %s, %s, %s)"
 _SUMMARY_DONE = "select memchat.summary_done(%s, %s)"
 _SUMMARY_FAILED = "select memchat.summary_failed(%s, %s)"
 
@@ -86,6 +88,17 @@ async def save_summary(db: Database, source: SummarySource, text: str) -> bool:
     between) and the lease lives. Returns whether it was stored."""
     args = (source.lease, text, source.boundary, source.covers_until)
     return bool(await _worker_call(db, _SAVE_SUMMARY, args))
+
+
+async def remember_summary(
+    db: Database, item: DueSummary, text: str, model: str, embedding: list[float] | None
+) -> bool:
+    """Keep `text`, the item's session's summary, as its durable memory (with
+    `embedding` of `model`; None: found by words only), replacing the
+    session's earlier one; False when the session's summary is no longer
+    `text`, its user forgot it, or the lease is gone."""
+    args = (item.lease, text, model, vector_literal(embedding))
+    return bool(await _worker_call(db, _REMEMBER_SUMMARY, args))
 
 
 async def summary_done(db: Database, item: DueSummary, *, due_after: int) -> None:

@@ -70,6 +70,7 @@ class SummaryRun:
     failed: int = 0
     gave_up: int = 0
     skipped: int = 0  # nothing left to summarize (cleared, deleted, caught up)
+    remembered: int = 0  # summaries kept as durable memories
     rounds: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
@@ -113,6 +114,7 @@ class Summarizer:
     settings: Settings
     clock: Callable[[], float] = time.monotonic
     _next_start: float = field(default=0.0, init=False, repr=False)
+    _dimensions: int | None = field(default=None, init=False, repr=False)
 
     async def close(self) -> None:
         await self.db.close()
@@ -193,6 +195,7 @@ class Summarizer:
         window's start, then off the queue (or queued again if still due)."""
         lease_ends = self.clock() + self._lease_seconds()
         chunks = 0
+        summary = ""
         while True:
             source = await store.summary_source(
                 self.db,
@@ -206,16 +209,36 @@ class Summarizer:
             if stored is None:
                 return  # failed: backing off, or given up
             chunks += 1
+            summary = stored or summary
             if not stored or lease_ends - self.clock() < self._call_seconds():
                 break
         if chunks == 0:
             run.skipped += 1
+        if summary:
+            await self._remember(item, summary, run)
         await store.summary_done(self.db, item, due_after=self._due_after())
+
+    async def _remember(self, item: store.DueSummary, summary: str, run: SummaryRun) -> None:
+        """The session's latest summary kept as its durable memory, embedded
+        as a document (found by words alone if it cannot be)."""
+        from memchat.model.client import EmbeddingUnavailable
+
+        if self._dimensions is None:
+            self._dimensions = await store.stored_embedding_dimensions(self.db, None)
+        try:
+            embedding: list[float] | None = await self.model.embed(summary, "document")
+        except EmbeddingUnavailable:
+            embedding = None
+        if embedding is not None and len(embedding) != self._dimensions:
+            embedding = None  # another size than the column's: words only
+        model = self.settings.openai_embedding_model
+        if await store.remember_summary(self.db, item, summary, model, embedding):
+            run.remembered += 1
 
     async def _refresh(
         self, item: store.DueSummary, source: store.SummarySource, run: SummaryRun
-    ) -> bool | None:
-        """One chunk: whether its summary was stored (False: the session changed
+    ) -> str | None:
+        """One chunk: the summary stored ("": not stored, the session changed
         meanwhile), None when the model failed (recorded)."""
         settings = self.settings
         prompt = summary_prompt(source, settings.summary_max_tokens)
@@ -235,7 +258,7 @@ class Summarizer:
         run.summarized += 1
         run.tokens_in += completion.usage.get("prompt_tokens", 0)
         run.tokens_out += completion.usage.get("completion_tokens", 0)
-        return stored
+        return text if stored else ""
 
     async def _failed(self, item: store.DueSummary, run: SummaryRun, reason: str) -> None:
         attempts = item.attempts + 1

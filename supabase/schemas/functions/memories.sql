@@ -84,7 +84,12 @@ $$;
 -- messages) and those holding most of the words (ts_rank), fused by
 -- reciprocal rank (k = 20, lists 2 * p_limit deep, as recall's); none
 -- below p_min_score similarity to p_query, however found (score: that
--- similarity; null without p_query). p_durable: only those whose session
+-- similarity; null without p_query). Two of them from different sessions
+-- are about the same thing when they are nearer each other than the nearer
+-- of them is to p_query, less 0.1: the newer (created_at) of such a pair is
+-- placed first, at the best place of the pair, so that what a user said
+-- last about something (an address, a count, a record) comes before what it
+-- updates; both stay, each with its date. p_durable: only those whose session
 -- is gone (expires_at set: recall finds the others through their exchange;
 -- a turn's recall reads none of a live session's, however many). Runs as
 -- the caller: RLS applies.
@@ -112,7 +117,7 @@ begin
   end if;
   return query
   with own as materialized (
-    select m.id, m.model, m.embedding, m.lexemes
+    select m.id, m.model, m.embedding, m.lexemes, m.created_at, m.session_id
       from memchat.memories m
      where m.user_id = (select auth.uid()) and m.id = any(v_ids)
   ), meaning as (
@@ -134,15 +139,27 @@ begin
            coalesce(1.0 / (20 + a.r), 0) + coalesce(1.0 / (20 + b.r), 0) as fused
       from meaning a
       full join words b on b.id = a.id
+  ), found as materialized (
+    select f.id, f.fused, x.similarity, o.embedding, o.created_at, o.session_id
+      from fused f
+      join own o on o.id = f.id
+     cross join lateral (
+       select case when p_query is not null and o.model = p_model
+                   then 1 - (o.embedding operator(extensions.<=>) p_query) end as similarity) x
+     where p_query is null or x.similarity >= p_min_score
+     order by f.fused desc, f.id desc
+     limit p_limit
   )
-  select f.id, x.similarity
-    from fused f
-    join own o on o.id = f.id
+  select a.id, a.similarity
+    from found a
    cross join lateral (
-     select case when p_query is not null and o.model = p_model
-                 then 1 - (o.embedding operator(extensions.<=>) p_query) end as similarity) x
-   where p_query is null or x.similarity >= p_min_score
-   order by f.fused desc, f.id desc
-   limit p_limit;
+     select max(b.fused) as fused
+       from found b
+      where b.id = a.id
+         or (a.similarity is not null and b.similarity is not null
+             and b.session_id <> a.session_id
+             and 1 - (a.embedding operator(extensions.<=>) b.embedding)
+                 >= greatest(a.similarity, b.similarity) - 0.1)) pair
+   order by pair.fused desc, a.created_at desc, a.id desc;
 end
 $$;

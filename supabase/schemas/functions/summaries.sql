@@ -166,6 +166,54 @@ begin
 end
 $$;
 
+-- A leased item's summary kept as a durable memory (kind summary,
+-- tables/memories.sql): p_summary, if it is still the session's summary,
+-- with its embedding of p_model (pgvector's text form; null: it could not
+-- be embedded, found by words only), dated by the last message it covers;
+-- it replaces the session's earlier one. One its user forgot is not written
+-- again (a later summary is). Returns whether it was stored.
+create function memchat.summary_remember(
+  p_lease uuid, p_summary text, p_model text, p_embedding text
+) returns boolean
+language plpgsql
+security definer
+set search_path = ''
+as $$
+declare
+  v_item memchat.summary_queue := memchat.summary_leased(p_lease);
+  v_session public.chat_sessions;
+  v_at timestamptz;
+  v_stored integer;
+begin
+  if v_item.session_id is null then
+    return false;
+  end if;
+  select s.* into v_session from public.chat_sessions s
+   where s.id = v_item.session_id and s.user_id = v_item.user_id
+     and s.summary is not distinct from p_summary;
+  select h.created_at into v_at from public.chat_message_history h
+   where h.id = v_session.summary_covers_until and h.user_id = v_item.user_id;
+  if v_session.id is null or v_at is null
+     or exists (select 1 from memchat.forgotten_memories f
+                 where f.message_id = v_session.summary_covers_until and f.ordinal = -1
+                   and f.user_id = v_item.user_id) then
+    return false;
+  end if;
+  delete from memchat.memories m
+   where m.user_id = v_item.user_id and m.session_id = v_item.session_id
+     and m.kind = 'summary';
+  insert into memchat.memories
+      (user_id, agent_name, kind, text, session_id, message_id, ordinal, created_at, model,
+       embedding)
+  values (v_item.user_id, v_session.agent_name, 'summary', left(p_summary, 4000),
+          v_session.id, v_session.summary_covers_until, -1, v_at,
+          case when p_embedding is not null then p_model end,
+          p_embedding::extensions.vector);
+  get diagnostics v_stored = row_count;
+  return v_stored = 1;
+end
+$$;
+
 -- The end of a leased item's pass: it stays queued (ready now, attempts
 -- reset) while p_due_after or more of its messages are outside its summary
 -- (new turns meanwhile), else it leaves the queue.

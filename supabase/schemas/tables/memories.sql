@@ -17,13 +17,17 @@ create table memchat.memories (
   user_id uuid not null references auth.users (id) on delete cascade,
   agent_name text not null check (agent_name ~ '^[A-Za-z0-9_.-]{1,64}$'),
   -- fact: a sentence in which the user speaks of themselves; assistant: one
-  -- in which the assistant does (memchat.usecases.recall.facts).
-  kind text not null check (kind in ('fact', 'assistant')),
+  -- in which the assistant does (memchat.usecases.recall.facts); summary:
+  -- the session's rolling summary, one per session, written by the summary
+  -- worker (memchat.summary_remember).
+  kind text not null check (kind in ('fact', 'assistant', 'summary')),
   text text not null check (char_length(text) between 1 and 4000),
   -- Where it was stated: no foreign keys, as both go before the memory does.
   session_id uuid not null,
   message_id bigint not null,
-  ordinal smallint not null check (ordinal >= 0),
+  -- Which of its message's memories (0, 1, ...); a summary's, -1 (its
+  -- message: the last one it covers).
+  ordinal smallint not null,
   -- When it was stated (its message's created_at).
   created_at timestamptz not null,
   expires_at timestamptz,
@@ -34,11 +38,13 @@ create table memchat.memories (
   embedding extensions.vector(512),
   lexemes tsvector generated always as (to_tsvector('english'::regconfig, text)) stored,
   primary key (user_id, id),
-  unique (user_id, message_id, ordinal)
+  unique (user_id, message_id, ordinal),
+  constraint memories_ordinal_check check ((kind = 'summary') = (ordinal = -1) and ordinal >= -1)
 );
 alter table memchat.memories alter column embedding set storage main;
 comment on table memchat.memories is
-  'Durable memory: the facts each message stated, with their date and session; outlives the '
+  'Durable memory: the facts each message stated and each session''s summary, with their date and '
+  'session; outlives the '
   'transcript by MEMORY_RETENTION_DAYS (supabase/schemas/tables/memories.sql).';
 comment on column memchat.memories.expires_at is
   'Null while the session lives; set when the cleanup deletes the session.';
