@@ -11,8 +11,9 @@ CREATE OR REPLACE FUNCTION memchat.search_memories(p_agent_name text, p_query ex
  SET search_path TO ''
 AS $function$
 declare
-  v_words tsquery := memchat.any_words(p_text);
+  v_words tsquery;
   v_ids bigint[];
+  v_current boolean;
 begin
   if p_durable then
     select array_agg(m.id) into v_ids from memchat.memories m
@@ -23,8 +24,10 @@ begin
      where m.user_id = (select auth.uid()) and m.agent_name = p_agent_name;
   end if;
   if v_ids is null then
-    return;
+    return;  -- none: the words are not even looked at
   end if;
+  v_words := memchat.any_words(p_text);
+  v_current := p_text ~* '\m(now|current|currently|latest|still|these days|most recent|recently|anymore|at the moment|presently|so far)\M';
   return query
   with own as materialized (
     select m.id, m.model, m.embedding, m.lexemes, m.created_at, m.session_id
@@ -66,7 +69,7 @@ begin
      select max(b.fused) as fused
        from found b
       where b.id = a.id
-         or (a.similarity is not null and b.similarity is not null
+         or (v_current and a.similarity is not null and b.similarity is not null
              and b.session_id <> a.session_id
              and 1 - (a.embedding operator(extensions.<=>) b.embedding)
                  >= greatest(a.similarity, b.similarity) - 0.1)) pair

@@ -141,7 +141,9 @@ grant execute on function
   memchat.import_sessions(jsonb, jsonb, jsonb, interval, jsonb),
   -- memories (functions/memories.sql)
   memchat.search_memories(text, extensions.vector, text, text, integer, double precision,
-                          boolean)
+                          boolean),
+  memchat.recall_memories(text, extensions.vector, text, text, integer, double precision),
+  memchat.import_memories(jsonb, integer)
   to memchat_user;
 
 -- The summary worker and the embedding backfill (`memchat_worker`): these
@@ -160,6 +162,8 @@ grant execute on function
   memchat.embedding_save(uuid[], text, bigint[], text[]),
   memchat.facts_save(uuid[], bigint[], text, bigint[], integer[], text[]),
   memchat.memories_save(uuid[], text, bigint[], integer[], text[], text[], text[]),
+  memchat.memory_embedding_source(bigint, integer),
+  memchat.memory_embedding_save(bigint[], uuid[], text, text[]),
   memchat.embedding_done(uuid, text),
   memchat.embedding_failed(uuid, double precision),
   memchat.embedding_statistics(),

@@ -258,8 +258,9 @@ async def test_a_newer_memory_about_the_same_thing_ranks_first(
 ) -> None:
     api = custom_api(memory_recall_min_score=0.05)
     _, auth = api.new_user()
-    # The older address matches the question best; the newer one updates it;
-    # the newest memory, about something else, stays where it ranks.
+    # The older address matches the question best; the newer one (another
+    # session's) updates it; the newest memory, about something else, stays
+    # where it ranks.
     ids = await import_sessions(
         api,
         auth,
@@ -268,7 +269,11 @@ async def test_a_newer_memory_about_the_same_thing_ranks_first(
         [("user", MISO, at(60 * 24 * 60))],
     )
     await embedder.run()
-    question = "Which part of Berlin do I live in?"
+    # Asked about the past, or with no word of time, the best match first.
+    found = (await memories(api, auth, q="Which part of Berlin do I live in?"))["memories"]
+    assert found[0]["text"] == KREUZBERG
+    # Asked about the present, the update first.
+    question = "Which part of Berlin do I currently live in?"
     found = (await memories(api, auth, q=question))["memories"]
     assert [m["text"] for m in found] == [WEDDING, KREUZBERG, MISO]
     # Both addresses stay, each with its date, and keep their own scores.
@@ -343,6 +348,79 @@ async def test_the_account_export_carries_the_memories_in_every_format(
     memories_part = markdown.split("# Memories\n\n", 1)[1]
     assert f"- {MOVED} _(the user, " in memories_part
     assert f"- {MUSEUM} _(the assistant, " in memories_part
+
+
+async def test_an_account_export_imported_brings_the_memories_of_sessions_gone(
+    custom_api: Callable[..., ApiClient],
+    admin: psycopg.Connection,
+    embedder: Embedder,
+    cleanup_url: str,
+) -> None:
+    api = custom_api(memory_recall_min_score=0.2)
+    _, auth = api.new_user()
+    session_id = await berlin(api, auth, embedder)
+    expire(admin, session_id)
+    Cleanup(cleanup_url, batch_size=1000, pause_factor=0).run()
+    await import_sessions(api, auth, [("user", "I adopted a grey cat called Miso.", at(90))])
+    await embedder.run()
+    exported = (await api.get("/export", headers=auth)).json()
+    assert len(exported["memories"]) == 3
+
+    # Another account (another deployment's, say) imports the export.
+    elsewhere_id, elsewhere = api.new_user()
+    response = await api.post("/sessions/import", json=exported, headers=elsewhere)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["imported_memories"] == 2 and body["imported_sessions"] == 1
+    kept = (await memories(api, elsewhere))["memories"]
+    # The memories of the session gone, as they were; the live session's
+    # are made again by the backfill from its messages, not copied.
+    assert [(m["kind"], m["text"], m["session_id"]) for m in kept] == [
+        ("assistant", MUSEUM, session_id),
+        ("fact", MOVED, session_id),
+    ]
+    given = {m["text"]: m for m in exported["memories"]}
+    for memory in kept:
+        assert memory["created_at"] == given[memory["text"]]["created_at"]
+        assert memory["expires_at"] == given[memory["text"]]["expires_at"]
+    # The backfill embeds them, and recall finds them by meaning.
+    (unembedded,) = admin.execute(
+        "select count(*) from memchat.memories where user_id = %s and embedding is null",
+        (elsewhere_id,),
+    ).fetchone() or (None,)
+    assert unembedded == 2
+    run = await embedder.run()
+    assert run.memories == 2
+    assert len((await memories(api, elsewhere))["memories"]) == 3
+    hits = (await search(api, elsewhere, "when did I move to Berlin?")).json()["hits"]
+    assert hits[0]["kind"] == "memory" and hits[0]["question"] == MOVED
+    # The same export again: nothing twice.
+    again = await api.post("/sessions/import", json=exported, headers=elsewhere)
+    assert again.status_code == 200 and again.json()["imported_memories"] == 0
+    assert len((await memories(api, elsewhere))["memories"]) == 3
+    # A memory that is not one: the error names it.
+    bad = {"sessions": [], "memories": [{**exported["memories"][0], "kind": "rumour"}]}
+    refused = await api.post("/sessions/import", json=bad, headers=elsewhere)
+    assert refused.status_code == 422 and "memories[0].kind" in refused.json()["detail"]
+
+
+async def test_memories_without_an_embedding_are_embedded_by_the_backfill(
+    api: ApiClient, admin: psycopg.Connection, embedder: Embedder
+) -> None:
+    """After `memchat db reembed --dimensions` (which leaves the memories
+    their text, without an embedding), the backfill embeds them again."""
+    user_id, auth = api.new_user()
+    await berlin(api, auth, embedder)
+    admin.execute(
+        "update memchat.memories set embedding = null, model = null where user_id = %s",
+        (user_id,),
+    )
+    assert (await embedder.run()).memories == 2
+    rows = admin.execute(
+        "select model, embedding is not null from memchat.memories where user_id = %s",
+        (user_id,),
+    ).fetchall()
+    assert rows and all(model and embedded for model, embedded in rows)
 
 
 async def test_the_model_forgets_memories_the_user_asks_it_to_with_the_turn(

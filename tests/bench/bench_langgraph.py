@@ -352,6 +352,9 @@ def fill_memchat(
             copy.write_row(
                 (human_row[0], human_row[2], human_row[1], AGENT, human_row[4], data, MODEL)
             )
+    # As the backfill leaves them: their fact keys made (these say one thing
+    # each, so there are none).
+    admin.execute("update memchat.message_embeddings set facts_model = model")
     for user in users:
         row = admin.execute(
             "select max(h.id), s.message_count, s.turn_count from public.chat_message_history h"

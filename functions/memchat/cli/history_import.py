@@ -55,7 +55,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     document = read_file(Path(args.file))
     sessions, notes = sessions_of(document)
-    if not sessions and not notes:
+    memories = durable_memories(document, sessions)
+    if not sessions and not notes and not memories:
         err(f"! {args.file} holds nothing to import: no sessions and no notes")
         return 1
     headers = {"Authorization": f"Bearer {_token(args)}"}
@@ -66,7 +67,7 @@ def cmd_import(args: argparse.Namespace) -> int:
                 limits["max_request_bytes"] = min(
                     limits["max_request_bytes"], args.max_request_bytes
                 )
-            bodies = _requests(sessions, notes, limits)
+            bodies = _requests(sessions, notes, limits, memories)
             pending, failed = _send(client, bodies, len(sessions), args.agent)
             if not (args.no_wait or pending == 0):
                 return _wait(client, pending, failed, args.timeout)
@@ -110,12 +111,13 @@ def read_file(path: Path) -> dict[str, Any]:
 def from_ndjson(text: str) -> dict[str, Any]:
     """An export's NDJSON form as its JSON form: the account's (an `export`
     line, `session` lines each followed by its `message` lines, then
-    `active_session` and `long_term_memory` lines) or one session's (its
+    `active_session`, `long_term_memory` and `memory` lines) or one session's (its
     `session` line, then its `message` lines). ValueError names the line."""
     from memchat.usecases.history_import import parse_json
 
     sessions: dict[str, dict[str, Any]] = {}
     notes: list[Any] = []
+    memories: list[Any] = []
     head: dict[str, Any] = {}
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -136,6 +138,8 @@ def from_ndjson(text: str) -> dict[str, Any]:
             owner["messages"].append(item)
         elif kind == "long_term_memory":
             notes.append(item)
+        elif kind == "memory":
+            memories.append(item)
         elif kind == "export":
             head = item
         elif kind != "active_session":
@@ -143,7 +147,8 @@ def from_ndjson(text: str) -> dict[str, Any]:
     if not head and len(sessions) == 1:
         (session,) = sessions.values()
         return {"session": session, "messages": session.pop("messages")}
-    return {**head, "sessions": list(sessions.values()), "long_term_memory": notes}
+    document = {**head, "sessions": list(sessions.values()), "long_term_memory": notes}
+    return {**document, "memories": memories} if memories else document
 
 
 def sessions_of(document: dict[str, Any]) -> tuple[list[Any], list[Any]]:
@@ -154,18 +159,35 @@ def sessions_of(document: dict[str, Any]) -> tuple[list[Any], list[Any]]:
     return list(document["sessions"]), list(document.get("long_term_memory") or [])
 
 
+def durable_memories(document: dict[str, Any], sessions: Sequence[Any]) -> list[Any]:
+    """An account export's memories of sessions the file does not hold
+    (their transcript gone): the server makes the others again from the
+    messages, and a request must not take one whose session a later request
+    brings for one gone."""
+    held = {str(s.get("id")) for s in sessions if s.get("id") is not None}
+    return [m for m in document.get("memories") or [] if str(m.get("session_id")) not in held]
+
+
 def chunks(
-    sessions: Sequence[Any], notes: Sequence[Any], *, max_bytes: int, max_sessions: int
+    sessions: Sequence[Any],
+    notes: Sequence[Any],
+    *,
+    max_bytes: int,
+    max_sessions: int,
+    memories: Sequence[Any] = (),
 ) -> Iterator[dict[str, Any]]:
     """The request bodies that carry `sessions` in order (the first also
-    `notes`), each at most `max_sessions` sessions and `max_bytes` bytes as
-    `request_body` writes it. ValueError names what fits in no request."""
+    `notes` and `memories`), each at most `max_sessions` sessions and
+    `max_bytes` bytes as `request_body` writes it. ValueError names what
+    fits in no request."""
     overhead = len(request_body({"sessions": []}))
     body: list[Any] = []
     extra: dict[str, Any] = {"long_term_memory": list(notes)} if notes else {}
+    if memories:
+        extra["memories"] = list(memories)
     size = overhead + len(request_body(extra))  # its braces pay for the comma
     if size > max_bytes:
-        raise ValueError(f"long_term_memory alone is over {max_bytes} bytes")
+        raise ValueError(f"long_term_memory and memories alone are over {max_bytes} bytes")
     for index, session in enumerate(sessions):
         length = len(request_body(session)) + 1  # and its comma
         if overhead + length > max_bytes:
@@ -200,7 +222,7 @@ def _limits(client: Any) -> dict[str, int]:
 
 
 def _requests(
-    sessions: list[Any], notes: list[Any], limits: dict[str, int]
+    sessions: list[Any], notes: list[Any], limits: dict[str, int], memories: list[Any]
 ) -> list[dict[str, Any]]:
     most = limits["max_messages_per_session"]
     for index, session in enumerate(sessions):
@@ -214,6 +236,7 @@ def _requests(
                 notes,
                 max_bytes=limits["max_request_bytes"],
                 max_sessions=limits["max_sessions_per_request"],
+                memories=memories,
             )
         )
     except ValueError as exc:

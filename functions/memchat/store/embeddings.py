@@ -16,20 +16,15 @@ from memchat.throttle import Bucket
 
 # memchat.recall's parameters by name: each named once, here.
 # The live exchanges (memchat.recall) and, in the same statement, the
-# durable memories whose session is gone (memchat.search_memories).
+# durable memories whose session is gone (memchat.recall_memories).
 RECALL = """
 select memchat.recall(
   p_session_id => %(session_id)s, p_agent_name => %(agent_name)s, p_window => %(window)s,
   p_query => %(embedding)s::extensions.vector, p_model => %(model)s, p_text => %(text)s,
   p_k => %(k)s, p_min_score => %(min_score)s, p_collapse => %(duplicate_score)s,
   p_from => %(period_start)s, p_until => %(period_end)s),
-  (select coalesce(jsonb_agg(jsonb_build_object(
-            'memory_id', m.id, 'kind', m.kind, 'text', m.text, 'session_id', m.session_id,
-            'message_id', m.message_id, 'created_at', m.created_at, 'score', f.score)
-            order by f.ordinality), '[]'::jsonb)
-     from memchat.search_memories(%(agent_name)s, %(embedding)s::extensions.vector, %(model)s,
-                                  %(text)s, %(k)s, %(min_score)s, true) with ordinality f
-     join memchat.memories m on m.id = f.id and m.user_id = (select auth.uid()))
+  memchat.recall_memories(%(agent_name)s, %(embedding)s::extensions.vector, %(model)s,
+                          %(text)s, %(k)s, %(min_score)s)
 """
 _EMBEDDING_DIMENSIONS = "select memchat.embedding_dimensions()"
 # What no longer fits goes first, in the same transaction as the new type; the

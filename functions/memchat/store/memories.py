@@ -4,7 +4,10 @@ session is gone (supabase/schemas/functions/memories.sql)."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -19,6 +22,9 @@ _SAVE = (
     "select memchat.memories_save(%s::uuid[], %s, %s::bigint[], %s::integer[], %s::text[],"
     " %s::text[], %s::text[])"
 )
+_IMPORT = "select memchat.import_memories(%s::jsonb, %s)"
+_UNEMBEDDED = "select memchat.memory_embedding_source(%s, %s)"
+_SAVE_EMBEDDINGS = "select memchat.memory_embedding_save(%s::bigint[], %s::uuid[], %s, %s::text[])"
 
 # A memory as the API shows it: while its session lives it expires with it,
 # MEMORY_RETENTION_DAYS (%(days)s) past the session's expiry.
@@ -92,6 +98,81 @@ async def save_memories(
     async with db.pipeline(None) as conn:
         cur = conn.cursor()
         await cur.execute(_SAVE, args)
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+@dataclass(frozen=True)
+class MemoryImport:
+    """A durable memory an import brings (its session gone)."""
+
+    agent_name: str
+    kind: str  # "fact" | "assistant" | "summary"
+    text: str
+    session_id: uuid.UUID
+    created_at: datetime
+    expires_at: datetime | None  # None: MEMORY_RETENTION_DAYS from now
+
+
+@dataclass(frozen=True)
+class UnembeddedMemory:
+    id: int
+    user_id: uuid.UUID
+    text: str
+
+
+async def import_memories(
+    db: Database, caller: Caller, memories: Sequence[MemoryImport], *, retention_days: int
+) -> int:
+    """Store the caller's imported durable memories (memchat.import_memories:
+    those the caller has already skipped, none past `retention_days` from
+    now, none with 0); the backfill embeds them. Returns how many were stored."""
+    if not memories or retention_days <= 0:
+        return 0
+    given = [
+        {
+            "agent_name": m.agent_name,
+            "kind": m.kind,
+            "text": m.text,
+            "session_id": str(m.session_id),
+            "created_at": m.created_at.isoformat(),
+            "expires_at": m.expires_at.isoformat() if m.expires_at else None,
+        }
+        for m in memories
+    ]
+    async with db.pipeline(caller.claims) as conn:
+        cur = conn.cursor()
+        await cur.execute(_IMPORT, (json.dumps(given, ensure_ascii=False), retention_days))
+    row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
+async def unembedded_memories(db: Database, *, after: int, limit: int) -> list[UnembeddedMemory]:
+    """The backfill's next memories without an embedding, in id order after
+    `after`, at most `limit` (as the worker)."""
+    async with db.pipeline(None) as conn:
+        cur = conn.cursor()
+        await cur.execute(_UNEMBEDDED, (after, limit))
+    row = await cur.fetchone()
+    return [
+        UnembeddedMemory(int(m["id"]), uuid.UUID(m["user_id"]), m["text"])
+        for m in (row[0] if row else [])
+    ]
+
+
+async def save_memory_embeddings(
+    db: Database, model: str, memories: Sequence[UnembeddedMemory], vectors: Sequence[list[float]]
+) -> int:
+    """Store each memory's embedding of `model` (those still without one)."""
+    args = (
+        [m.id for m in memories],
+        [m.user_id for m in memories],
+        model,
+        [vector_literal(v) for v in vectors],
+    )
+    async with db.pipeline(None) as conn:
+        cur = conn.cursor()
+        await cur.execute(_SAVE_EMBEDDINGS, args)
     row = await cur.fetchone()
     return int(row[0]) if row else 0
 

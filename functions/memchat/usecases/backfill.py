@@ -91,6 +91,7 @@ FactText = tuple[store.Unembedded, int, str]
 @dataclass
 class EmbeddingRun:
     embedded: int = 0  # messages stored with an embedding
+    memories: int = 0  # memories without one embedded (imported, resized)
     sessions: int = 0  # sessions a pass went through
     failed: int = 0  # sessions whose pass failed (retried later)
     gave_up: int = 0
@@ -164,6 +165,8 @@ class Embedder:
             run.rounds += 1
             if not await self._round(due, run):
                 break  # stuck (every lease lost?): the next run takes over
+        if run.refused is None and seconds_left() > reserve:
+            run.memories = await self._embed_memories(seconds_left, reserve)
         if run.refused is None:
             # Statistics for the young key partitions this run or turns grew
             # (recall's plans need them; supabase/schemas/functions/partitions.sql).
@@ -171,6 +174,31 @@ class Embedder:
         run.duration_ms = (self.clock() - started) * 1000
         logger.info("embeddings", extra={"embeddings": run.as_dict()})
         return run
+
+    async def _embed_memories(self, seconds_left: Callable[[], float], reserve: float) -> int:
+        """Embed the memories that have no embedding (imported with their
+        session gone, or after the column was resized), a request at a time
+        while time is left; a failed request ends the pass (the client logged
+        why; the next run goes on). Returns how many were stored."""
+        from memchat.model.client import EmbeddingUnavailable
+
+        size = self.settings.embedding_batch_size
+        after = stored = 0
+        while seconds_left() > reserve:
+            page = await store.unembedded_memories(self.db, after=after, limit=size)
+            if not page:
+                break
+            try:
+                vectors = await self.model.embed_many([m.text for m in page], "document")
+            except EmbeddingUnavailable:
+                break
+            stored += await store.save_memory_embeddings(
+                self.db, self.model.embedding_model, page, vectors
+            )
+            after = page[-1].id
+            if len(page) < size:
+                break
+        return stored
 
     async def _refusal(self) -> str | None:
         """Why nothing can be embedded now (None: it can): the stored column's

@@ -55,7 +55,7 @@ import json
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -346,6 +346,25 @@ class ImportNotes(_Record):
     earlier_versions: Ignored = None
 
 
+MemoryText = Annotated[
+    str, PlainValidator(_text_within(1, 4000)), WithJsonSchema(_text_schema(1, 4000))
+]
+
+
+class ImportMemory(_Record):
+    """A durable memory of an account's export (GET /export's `memories`)."""
+
+    agent_name: AgentName
+    kind: Literal["fact", "assistant", "summary"]
+    text: MemoryText
+    session_id: SessionId
+    created_at: ZonedTime
+    expires_at: ZonedTime | None = None
+    id: Ignored = None
+    message_id: Ignored = None
+    score: Ignored = None
+
+
 class ImportDocument(_Record):
     """An account's export, or the plain shape: sessions, and notes."""
 
@@ -356,9 +375,12 @@ class ImportDocument(_Record):
     user_id: Ignored = None
     exported_at: Ignored = None
     active_sessions: Ignored = None
-    # Those of the imported sessions are made again from their messages by
-    # the backfill; those of sessions gone are not imported (yet).
-    memories: Ignored = None
+    # Those of sessions the document holds are made again from their
+    # messages by the backfill; those of sessions gone are imported.
+    memories: list[ImportMemory] = Field(
+        default_factory=list,
+        description="Those of sessions the document does not hold (their transcript gone).",
+    )
 
 
 class SessionDocument(_Record):
@@ -375,6 +397,7 @@ class Document:
     sessions: list[ImportSession]
     notes: list[ImportNotes]
     single: bool = False  # one session's export: its paths are session.x and messages[j]
+    memories: list[ImportMemory] = field(default_factory=list)
 
     def where_messages(self, index: int) -> str:
         """How errors name the messages of the session at `index`."""
@@ -398,7 +421,7 @@ def read_document(value: object) -> Document:
         document = ImportDocument.model_validate(value)
     except ValidationError as exc:
         raise InvalidInput(describe(exc.errors(include_url=False))) from None
-    return Document(document.sessions, document.long_term_memory)
+    return Document(document.sessions, document.long_term_memory, memories=document.memories)
 
 
 def describe(errors: Sequence[ErrorDetails]) -> str:
@@ -505,6 +528,7 @@ class ImportResult:
     # The caller's messages whose sessions the backfill gave up on (earlier
     # imports': this one's are queued again): never recalled until re-queued.
     embeddings_failed: int = 0
+    memories_imported: int = 0  # durable memories of sessions gone
 
     @property
     def messages_imported(self) -> int:
@@ -559,6 +583,12 @@ async def import_history(
         fresh = session.id in stored
         stored.discard(session.id)  # a later duplicate of it is skipped
         outcomes.append(SessionOutcome(session.id, fresh, len(session.messages) if fresh else 0))
+    remembered = await store.import_memories(
+        db,
+        caller,
+        _durable_memories(document),
+        retention_days=settings.memory_retention_days,
+    )
     agents = list(dict.fromkeys(n.agent_name for n in notes))
     backlog = await store.embedding_backlog(db, caller)
     return ImportResult(
@@ -567,7 +597,19 @@ async def import_history(
         notes_skipped=[a for a in agents if a not in stored_notes],
         embeddings_pending=backlog.pending,
         embeddings_failed=backlog.failed,
+        memories_imported=remembered,
     )
+
+
+def _durable_memories(document: Document) -> list[store.MemoryImport]:
+    """The document's memories of sessions it does not hold (the others are
+    made again from their messages)."""
+    held = {s.id for s in document.sessions if s.id is not None}
+    return [
+        store.MemoryImport(m.agent_name, m.kind, m.text, m.session_id, m.created_at, m.expires_at)
+        for m in document.memories
+        if m.session_id not in held
+    ]
 
 
 def _first_of_each_id(sessions: Sequence[store.SessionImport]) -> list[store.SessionImport]:

@@ -84,12 +84,15 @@ $$;
 -- messages) and those holding most of the words (ts_rank), fused by
 -- reciprocal rank (k = 20, lists 2 * p_limit deep, as recall's); none
 -- below p_min_score similarity to p_query, however found (score: that
--- similarity; null without p_query). Two of them from different sessions
--- are about the same thing when they are nearer each other than the nearer
--- of them is to p_query, less 0.1: the newer (created_at) of such a pair is
--- placed first, at the best place of the pair, so that what a user said
--- last about something (an address, a count, a record) comes before what it
--- updates; both stay, each with its date. p_durable: only those whose session
+-- similarity; null without p_query). When p_text asks for the present
+-- ("now", "currently", "latest", "still", "recently", ...: English cue
+-- words), of two of them from different sessions about the same thing
+-- (nearer each other than the nearer of them is to p_query, less 0.1) the
+-- newer (created_at) is placed first, at the best place of the pair, so
+-- that what a user said last about something (an address, a count, a
+-- record) comes before what it updates; both stay, each with its date.
+-- Without such a word the ranking is left as it is: a question about the
+-- past is as likely about the older one. p_durable: only those whose session
 -- is gone (expires_at set: recall finds the others through their exchange;
 -- a turn's recall reads none of a live session's, however many). Runs as
 -- the caller: RLS applies.
@@ -101,8 +104,9 @@ language plpgsql stable
 set search_path = ''
 as $$
 declare
-  v_words tsquery := memchat.any_words(p_text);
+  v_words tsquery;
   v_ids bigint[];
+  v_current boolean;
 begin
   if p_durable then
     select array_agg(m.id) into v_ids from memchat.memories m
@@ -113,8 +117,10 @@ begin
      where m.user_id = (select auth.uid()) and m.agent_name = p_agent_name;
   end if;
   if v_ids is null then
-    return;
+    return;  -- none: the words are not even looked at
   end if;
+  v_words := memchat.any_words(p_text);
+  v_current := p_text ~* '\m(now|current|currently|latest|still|these days|most recent|recently|anymore|at the moment|presently|so far)\M';
   return query
   with own as materialized (
     select m.id, m.model, m.embedding, m.lexemes, m.created_at, m.session_id
@@ -156,10 +162,129 @@ begin
      select max(b.fused) as fused
        from found b
       where b.id = a.id
-         or (a.similarity is not null and b.similarity is not null
+         or (v_current and a.similarity is not null and b.similarity is not null
              and b.session_id <> a.session_id
              and 1 - (a.embedding operator(extensions.<=>) b.embedding)
                  >= greatest(a.similarity, b.similarity) - 0.1)) pair
    order by pair.fused desc, a.created_at desc, a.id desc;
+end
+$$;
+
+-- The durable memories an import brings, the caller's (memchat's account
+-- export holds the memories of sessions it no longer has: their transcript
+-- is gone): p_memories [{"agent_name", "kind", "text", "session_id",
+-- "created_at", "expires_at"}], each kept until its expires_at, at most
+-- p_retention_days from now (null: that long; none past already, none at
+-- all with 0). One the caller has already (the same session, kind, text and
+-- time: an export imported twice) is skipped. Each gets a new message id
+-- (its message is not imported) and no embedding: the backfill embeds it
+-- (memchat.memory_embedding_source). Returns how many were stored.
+create function memchat.import_memories(p_memories jsonb, p_retention_days integer)
+returns integer
+language plpgsql
+security definer
+set search_path = ''
+as $$
+declare
+  v_user uuid := (select auth.uid());
+  v_stored integer;
+begin
+  if v_user is null or p_retention_days <= 0 then
+    return 0;
+  end if;
+  with given as (
+    select distinct on (x.session_id, x.kind, x.text, x.created_at)
+           x.agent_name, x.kind, x.text, x.session_id, x.created_at,
+           least(coalesce(x.expires_at, 'infinity'),
+                 now() + make_interval(days => p_retention_days)) as expires_at
+      from jsonb_to_recordset(p_memories)
+           as x(agent_name text, kind text, text text, session_id uuid,
+                created_at timestamptz, expires_at timestamptz)
+     order by x.session_id, x.kind, x.text, x.created_at
+  ), stored as (
+    insert into memchat.memories
+        (user_id, agent_name, kind, text, session_id, message_id, ordinal, created_at,
+         expires_at)
+    select v_user, g.agent_name, g.kind, g.text, g.session_id,
+           nextval(pg_catalog.pg_get_serial_sequence('public.chat_message_history', 'id')),
+           case g.kind when 'summary' then -1 else 0 end, g.created_at, g.expires_at
+      from given g
+     where g.expires_at > now()
+       and not exists (select 1 from memchat.memories m
+                        where m.user_id = v_user and m.session_id = g.session_id
+                          and m.kind = g.kind and m.text = g.text
+                          and m.created_at = g.created_at)
+    returning 1
+  )
+  select count(*)::integer into v_stored from stored;
+  return v_stored;
+end
+$$;
+
+-- The backfill's memories without an embedding (imported ones, those of a
+-- column resized: `memchat db reembed --dimensions`), at most p_limit, in
+-- id order after p_after: [{"id", "user_id", "text"}].
+create function memchat.memory_embedding_source(p_after bigint, p_limit integer)
+returns jsonb
+language sql stable
+security definer
+set search_path = ''
+as $$
+  select coalesce(jsonb_agg(jsonb_build_object('id', m.id, 'user_id', m.user_id, 'text', m.text)
+                            order by m.id), '[]'::jsonb)
+    from (select m.id, m.user_id, m.text from memchat.memories m
+           where m.embedding is null and m.id > p_after
+           order by m.id
+           limit p_limit) m
+$$;
+
+-- Store embeddings of p_model (pgvector's text form p_embeddings[i]) for
+-- memories p_ids[i] of users p_users[i], those still without one. Returns
+-- how many were stored.
+create function memchat.memory_embedding_save(
+  p_ids bigint[], p_users uuid[], p_model text, p_embeddings text[]
+) returns integer
+language plpgsql
+security definer
+set search_path = ''
+as $$
+declare
+  v_stored integer;
+begin
+  update memchat.memories m
+     set embedding = x.embedding::extensions.vector, model = p_model
+    from unnest(p_ids, p_users, p_embeddings) as x(id, user_id, embedding)
+   where m.id = x.id and m.user_id = x.user_id and m.embedding is null;
+  get diagnostics v_stored = row_count;
+  return v_stored;
+end
+$$;
+
+-- Recall's durable memories (store.recall, in the statement that runs
+-- memchat.recall): the caller's memories of p_agent_name whose session is
+-- gone that match (memchat.search_memories), as [{"memory_id", "kind",
+-- "text", "session_id", "message_id", "created_at", "score"}] best first;
+-- a caller with none costs one index probe. Runs as the caller: RLS applies.
+create function memchat.recall_memories(
+  p_agent_name text, p_query extensions.vector, p_model text, p_text text, p_limit integer,
+  p_min_score double precision
+) returns jsonb
+language plpgsql stable
+set search_path = ''
+as $$
+begin
+  if not exists (select 1 from memchat.memories m
+                  where m.user_id = (select auth.uid()) and m.agent_name = p_agent_name
+                    and m.expires_at is not null) then
+    return '[]'::jsonb;
+  end if;
+  return (
+    select coalesce(jsonb_agg(jsonb_build_object(
+             'memory_id', m.id, 'kind', m.kind, 'text', m.text, 'session_id', m.session_id,
+             'message_id', m.message_id, 'created_at', m.created_at, 'score', f.score)
+             order by f.ordinality), '[]'::jsonb)
+      from memchat.search_memories(p_agent_name, p_query, p_model, p_text, p_limit,
+                                   p_min_score, true) with ordinality f
+      join memchat.memories m on m.id = f.id and m.user_id = (select auth.uid()));
 end
 $$;

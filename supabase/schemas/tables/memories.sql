@@ -55,6 +55,8 @@ create index memories_session_idx on memchat.memories (session_id) where expires
 create index memories_expiry_idx on memchat.memories (expires_at) where expires_at is not null;
 create index memories_durable_idx on memchat.memories (user_id, agent_name)
   where expires_at is not null;
+-- What the backfill has to embed (memchat.memory_embedding_source).
+create index memories_unembedded_idx on memchat.memories (id) where embedding is null;
 
 -- What a user deleted of the memories a message made (DELETE /memories/{id}):
 -- memchat.memories_save never writes them again (`memchat db reembed` reads

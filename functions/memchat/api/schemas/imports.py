@@ -68,6 +68,11 @@ class ImportOut(BaseModel):
         description="The caller's messages in sessions whose embeddings the backfill gave up"
         " on: recall cannot find them until the session is imported (queued) again."
     )
+    imported_memories: int = Field(
+        default=0,
+        description="Durable memories of sessions the document does not hold (an account"
+        " export's, their transcript gone), stored; the backfill embeds them.",
+    )
 
     @classmethod
     def of(cls, result: ImportResult) -> ImportOut:
@@ -88,6 +93,7 @@ class ImportOut(BaseModel):
             skipped_notes=result.notes_skipped,
             embeddings_pending=result.embeddings_pending,
             embeddings_failed=result.embeddings_failed,
+            imported_memories=result.memories_imported,
         )
 
 
