@@ -71,16 +71,19 @@ $function$;
 
 CREATE OR REPLACE FUNCTION memchat.memory_embedding_source(p_after bigint, p_limit integer)
  RETURNS jsonb
- LANGUAGE sql
+ LANGUAGE plpgsql
  STABLE SECURITY DEFINER
  SET search_path TO ''
 AS $function$
+begin
+  return (
   select coalesce(jsonb_agg(jsonb_build_object('id', m.id, 'user_id', m.user_id, 'text', m.text)
                             order by m.id), '[]'::jsonb)
     from (select m.id, m.user_id, m.text from memchat.memories m
            where m.embedding is null and m.id > p_after
            order by m.id
-           limit p_limit) m
+           limit p_limit) m);
+end
 $function$;
 
 revoke all on function memchat.import_memories(jsonb,integer) from public;

@@ -17,6 +17,7 @@ RUN_KEYS = {
     "failed",
     "gave_up",
     "skipped",
+    "remembered",
     "rounds",
     "tokens_in",
     "tokens_out",
@@ -27,6 +28,7 @@ RUN_KEYS = {
 # The embedding backfill's run, which the same invocation returns under "embeddings".
 EMBEDDING_KEYS = {
     "embedded",
+    "memories",
     "sessions",
     "failed",
     "gave_up",

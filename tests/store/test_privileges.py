@@ -100,6 +100,7 @@ WORKER_FUNCTIONS = {
     "memchat.summary_lag()",
     "memchat.summary_source(uuid,integer,integer)",
     "memchat.summary_save(uuid,text,bigint,bigint)",
+    "memchat.summary_remember(uuid,text,text,text)",
     "memchat.summary_done(uuid,integer)",
     "memchat.summary_failed(uuid,double precision)",
     # The embedding backfill (supabase/schemas/functions/embeddings.sql), and the
@@ -114,6 +115,9 @@ WORKER_FUNCTIONS = {
     # And the fact keys it stores beside them (supabase/schemas/functions/recall.sql).
     "memchat.facts_save(uuid[],bigint[],text,bigint[],integer[],text[])",
     "memchat.memories_save(uuid[],text,bigint[],integer[],text[],text[],text[])",
+    # And the memories without an embedding (functions/memories.sql).
+    "memchat.memory_embedding_source(bigint,integer)",
+    "memchat.memory_embedding_save(bigint[],uuid[],text,text[])",
 }
 
 

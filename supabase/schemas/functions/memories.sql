@@ -226,16 +226,19 @@ $$;
 -- id order after p_after: [{"id", "user_id", "text"}].
 create function memchat.memory_embedding_source(p_after bigint, p_limit integer)
 returns jsonb
-language sql stable
+language plpgsql stable
 security definer
 set search_path = ''
 as $$
+begin
+  return (
   select coalesce(jsonb_agg(jsonb_build_object('id', m.id, 'user_id', m.user_id, 'text', m.text)
                             order by m.id), '[]'::jsonb)
     from (select m.id, m.user_id, m.text from memchat.memories m
            where m.embedding is null and m.id > p_after
            order by m.id
-           limit p_limit) m
+           limit p_limit) m);
+end
 $$;
 
 -- Store embeddings of p_model (pgvector's text form p_embeddings[i]) for
