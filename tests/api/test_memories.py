@@ -381,8 +381,9 @@ async def test_an_account_export_imported_brings_the_memories_of_sessions_gone(
     ]
     given = {m["text"]: m for m in exported["memories"]}
     for memory in kept:
-        assert memory["created_at"] == given[memory["text"]]["created_at"]
-        assert memory["expires_at"] == given[memory["text"]]["expires_at"]
+        for field in ("created_at", "expires_at"):
+            theirs = datetime.fromisoformat(given[memory["text"]][field])
+            assert datetime.fromisoformat(memory[field]) == theirs
     # The backfill embeds them, and recall finds them by meaning.
     (unembedded,) = admin.execute(
         "select count(*) from memchat.memories where user_id = %s and embedding is null",
