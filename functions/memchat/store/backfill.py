@@ -62,11 +62,7 @@ _COUNT_LACKING = sql.SQL("select count(*) {lacking}").format(lacking=_LACKING)
 
 
 async def _call(db: Database, caller: Caller | None, query: str, params: Any) -> Any:
-    async with db.pipeline(caller.claims if caller else None) as conn:
-        cur = conn.cursor()
-        await cur.execute(query, params)
-    row = await cur.fetchone()
-    return row[0] if row else None
+    return await db.value(caller.claims if caller else None, query, params)
 
 
 # ------------------------------------------------------------------ the API

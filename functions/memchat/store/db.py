@@ -288,6 +288,22 @@ class Database:
             if check is not None:
                 _require_user(await check.fetchone())
 
+    async def value(
+        self,
+        claims: Mapping[str, Any] | None,
+        query: Any,
+        params: Any = None,
+        *,
+        throttle: Bucket | None = None,
+    ) -> Any:
+        """One statement in a `pipeline` of its own: the first column of its
+        first row (None: no row)."""
+        async with self.pipeline(claims, throttle=throttle) as conn:
+            cur = conn.cursor()
+            await cur.execute(query, params)
+        row = await cur.fetchone()
+        return row[0] if row else None
+
     async def _throttle(self, conn: AsyncConnection[Any], bucket: Bucket | None) -> None:
         rate = self.limits.rate(bucket) if bucket is not None else None
         if bucket is not None and rate is not None and rate.on:

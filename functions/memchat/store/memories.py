@@ -95,11 +95,7 @@ async def save_memories(
         [text for _, _, text, _ in memories],
         [None if vector is None else vector_literal(vector) for _, _, _, vector in memories],
     )
-    async with db.pipeline(None) as conn:
-        cur = conn.cursor()
-        await cur.execute(_SAVE, args)
-    row = await cur.fetchone()
-    return int(row[0]) if row else 0
+    return int(await db.value(None, _SAVE, args) or 0)
 
 
 @dataclass(frozen=True)
@@ -140,24 +136,15 @@ async def import_memories(
         }
         for m in memories
     ]
-    async with db.pipeline(caller.claims) as conn:
-        cur = conn.cursor()
-        await cur.execute(_IMPORT, (json.dumps(given, ensure_ascii=False), retention_days))
-    row = await cur.fetchone()
-    return int(row[0]) if row else 0
+    params = (json.dumps(given, ensure_ascii=False), retention_days)
+    return int(await db.value(caller.claims, _IMPORT, params) or 0)
 
 
 async def unembedded_memories(db: Database, *, after: int, limit: int) -> list[UnembeddedMemory]:
     """The backfill's next memories without an embedding, in id order after
     `after`, at most `limit` (as the worker)."""
-    async with db.pipeline(None) as conn:
-        cur = conn.cursor()
-        await cur.execute(_UNEMBEDDED, (after, limit))
-    row = await cur.fetchone()
-    return [
-        UnembeddedMemory(int(m["id"]), uuid.UUID(m["user_id"]), m["text"])
-        for m in (row[0] if row else [])
-    ]
+    found = await db.value(None, _UNEMBEDDED, (after, limit))
+    return [UnembeddedMemory(int(m["id"]), uuid.UUID(m["user_id"]), m["text"]) for m in found or []]
 
 
 async def save_memory_embeddings(
@@ -170,11 +157,7 @@ async def save_memory_embeddings(
         model,
         [vector_literal(v) for v in vectors],
     )
-    async with db.pipeline(None) as conn:
-        cur = conn.cursor()
-        await cur.execute(_SAVE_EMBEDDINGS, args)
-    row = await cur.fetchone()
-    return int(row[0]) if row else 0
+    return int(await db.value(None, _SAVE_EMBEDDINGS, args) or 0)
 
 
 async def list_memories(
@@ -231,11 +214,7 @@ async def search_memories(
 async def delete_memory(db: Database, caller: Caller, memory_id: int) -> int:
     """Delete one of the caller's memories (never written again by the
     backfill): 1, or 0 when the caller has none with that id."""
-    async with db.pipeline(caller.claims, throttle=Bucket.WRITE) as conn:
-        cur = conn.cursor()
-        await cur.execute(FORGET, ([memory_id],))
-    row = await cur.fetchone()
-    return int(row[0]) if row else 0
+    return int(await db.value(caller.claims, FORGET, ([memory_id],), throttle=Bucket.WRITE) or 0)
 
 
 async def _memories(
@@ -245,8 +224,5 @@ async def _memories(
     params: Any,
     throttle: Bucket | None = None,
 ) -> list[Memory]:
-    async with db.pipeline(caller.claims, throttle=throttle) as conn:
-        cur = conn.cursor()
-        await cur.execute(query, params)
-    row = await cur.fetchone()
-    return [Memory.from_json(item) for item in (row[0] if row else [])]
+    found = await db.value(caller.claims, query, params, throttle=throttle)
+    return [Memory.from_json(item) for item in found or []]

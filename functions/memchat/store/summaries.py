@@ -27,11 +27,7 @@ _SUMMARY_FAILED = "select memchat.summary_failed(%s, %s)"
 
 
 async def _worker_call(db: Database, query: str, params: Any) -> Any:
-    async with db.pipeline(None) as conn:
-        cur = conn.cursor()
-        await cur.execute(query, params)
-    row = await cur.fetchone()
-    return row[0] if row else None
+    return await db.value(None, query, params)
 
 
 async def claim_due_summaries(

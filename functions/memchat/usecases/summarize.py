@@ -231,7 +231,7 @@ class Summarizer:
             embedding = None
         if embedding is not None and len(embedding) != self._dimensions:
             embedding = None  # another size than the column's: words only
-        model = self.settings.openai_embedding_model
+        model = self.model.embedding_model  # the offline stand-in's own name, as the backfill's
         if await store.remember_summary(self.db, item, summary, model, embedding):
             run.remembered += 1
 
