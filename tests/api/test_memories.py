@@ -19,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from memchat.usecases.backfill import Embedder
+from memchat.usecases.backfill import Embedder, remember_stored
 from memchat.usecases.cleanup import Cleanup
 from tests.api import test_memory_search as search_tests
 from tests.utils.api import ApiClient
@@ -422,6 +422,66 @@ async def test_memories_without_an_embedding_are_embedded_by_the_backfill(
         (user_id,),
     ).fetchall()
     assert rows and all(model and embedded for model, embedded in rows)
+
+
+CAT = "I adopted a cat named Miso."
+
+
+async def test_messages_stored_before_durable_memory_get_their_memories(
+    api: ApiClient, admin: psycopg.Connection, embedder: Embedder
+) -> None:
+    """`memchat db reembed --memories` (remember_stored): the live messages
+    and summaries that have no memory get theirs, as the backfill makes
+    them, but none their user forgot; a second run makes none."""
+    user_id, auth = api.new_user()
+    session_id = await berlin(api, auth, embedder)
+    await import_sessions(api, auth, [("user", CAT, at(10))])
+    await embedder.run()
+    # The session's summary, written before durable memory kept summaries.
+    admin.execute(
+        "update public.chat_sessions set summary = 'Moved to Berlin; likes museums.',"
+        " summary_covers_until = (select max(h.id) from public.chat_message_history h"
+        "                          where h.session_id = %(s)s)"
+        " where id = %(s)s",
+        {"s": uuid.UUID(session_id)},
+    )
+    museum = next(m for m in (await memories(api, auth))["memories"] if m["text"] == MUSEUM)
+    assert (await api.delete(f"/memories/{museum['id']}", headers=auth)).status_code == 200
+    # Stored before durable memory: the messages have no memories.
+    admin.execute("delete from memchat.memories where user_id = %s", (user_id,))
+    name = embedder.model.embedding_model
+
+    assert remember_stored(admin, name) >= 3  # the database's other users' too
+    assert stored(admin, user_id) == 3
+    kept = [(m["kind"], m["text"]) for m in (await memories(api, auth))["memories"]]
+    assert kept == [
+        ("fact", CAT),
+        ("summary", "Moved to Berlin; likes museums."),
+        ("fact", MOVED),
+    ]
+    summary = (await memories(api, auth))["memories"][1]
+    assert summary["created_at"].startswith("2024-03-01T12:01:00")  # its last message's
+    # The whole message's memory has its embedding; the others wait for the backfill.
+    rows = admin.execute(
+        "select m.text, m.embedding::text = e.embedding::text, m.model"
+        "  from memchat.memories m left join memchat.message_embeddings e"
+        "    on e.message_id = m.message_id and e.user_id = m.user_id"
+        " where m.user_id = %s order by m.text",
+        (user_id,),
+    ).fetchall()
+    assert rows == [
+        (CAT, True, name),
+        (MOVED, None, None),
+        ("Moved to Berlin; likes museums.", None, None),
+    ]
+    assert (await embedder.run()).memories == 2
+    unembedded = admin.execute(
+        "select count(*) from memchat.memories where user_id = %s and embedding is null",
+        (user_id,),
+    ).fetchone()
+    assert unembedded == (0,)
+    remember_stored(admin, name)
+    assert stored(admin, user_id) == 3
 
 
 async def test_the_model_forgets_memories_the_user_asks_it_to_with_the_turn(

@@ -300,6 +300,17 @@ async def test_reembed_local_embeds_what_lacks_an_embedding_once(
     assert f"reembed: 0 messages in 0 sessions to embed with {MODEL}" in adopted.stderr
     assert embedded(owner, alice.user_id) == every_message
 
+    # Messages stored before durable memory: --memories makes theirs, embedded.
+    kept = value(owner, "select count(*) from memchat.memories where embedding is not null")
+    assert kept > 0
+    owner.execute("delete from memchat.memories")
+    remade = memchat(env, tmp_path, "db", "reembed", "--embeddings", "local", "--memories")
+    assert remade.returncode == 0, remade.stderr
+    assert f"reembed: {kept} memories made of stored messages and summaries" in remade.stderr
+    # Each is its whole message here: it takes the message's embedding.
+    assert "; 0 left (0 memories embedded)" in remade.stderr, remade.stderr
+    assert value(owner, "select count(*) from memchat.memories where embedding is not null") == kept
+
 
 async def test_resizing_the_column_takes_the_fact_key_marks_of_what_it_deletes(
     own_database: Fresh,

@@ -45,6 +45,12 @@ embeddings stored before it are of an unknown model and never recalled;
 --adopt-unknown marks them as the configured model's instead, if it made
 them).
 
+--memories first makes the durable memories (docs/api.md, "Memories") of
+the live sessions' messages and summaries that have none: those stored
+before durable memory, which the backfill never reads again. Run it once
+after upgrading to durable memory; a memory that is its whole message
+takes the message's embedding, the others are embedded here.
+
 --dimensions N first changes the stored column to vector(N) (the embeddings
 of another size are deleted, in the same transaction: their messages stay,
 and are embedded again here); EMBEDDING_DIMENSIONS must then be N for the
@@ -224,6 +230,11 @@ def cmd_reembed(args: argparse.Namespace) -> int:
             if args.adopt_unknown:
                 adopted = store.adopt_unknown_embeddings(conn, model)
                 err(f"reembed: {adopted} embeddings of an unknown model marked as {model}'s")
+            if args.memories:
+                from memchat.usecases.backfill import remember_stored
+
+                made = remember_stored(conn, model)
+                err(f"reembed: {made} memories made of stored messages and summaries")
             sessions = store.queue_unembedded(conn, model)
             total = store.count_unembedded(conn, model)
         err(f"reembed: {total} messages in {sessions} sessions to embed with {model}")
@@ -233,7 +244,10 @@ def cmd_reembed(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.close()
-    err(f"reembed: {run.embedded} embedded in {run.duration_ms / 1000:.1f} s; {left} left")
+    err(
+        f"reembed: {run.embedded} embedded in {run.duration_ms / 1000:.1f} s; {left} left"
+        f" ({run.memories} memories embedded)"
+    )
     if left:
         err("reembed: run it again to continue (the provider failed? see above)")
         return 1
@@ -356,6 +370,12 @@ def register(commands: Subcommands) -> None:
         action="store_true",
         help="mark embeddings of unknown model (stored before models were recorded) as the"
         " configured model's, instead of embedding their messages again",
+    )
+    reembed.add_argument(
+        "--memories",
+        action="store_true",
+        help="first make the durable memories of the live sessions' messages and summaries"
+        " that have none (stored before durable memory): once after upgrading to it",
     )
     reembed.add_argument(
         "--embeddings",

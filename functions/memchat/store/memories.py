@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from psycopg import sql
 
 from memchat.store.db import Database
@@ -158,6 +159,107 @@ async def save_memory_embeddings(
         [vector_literal(v) for v in vectors],
     )
     return int(await db.value(None, _SAVE_EMBEDDINGS, args) or 0)
+
+
+# ------------------------------------------------- the owner's `reembed --memories`
+
+# Live sessions' messages with text that have no memory (stored before
+# durable memory), after message %(after)s, oldest first.
+_WITHOUT_MEMORIES = """
+select h.id, h.message->'data'->>'content', memchat.asked(h.message)
+  from public.chat_message_history h
+  join public.chat_sessions s on s.id = h.session_id and s.user_id = h.user_id
+ where h.id > %(after)s and memchat.embeddable(h.message)
+   and s.status = 'active' and s.expires_at > now()
+   and not exists (select 1 from memchat.memories m
+                    where m.user_id = h.user_id and m.message_id = h.id and m.ordinal >= 0)
+ order by h.id
+ limit %(limit)s
+"""
+# Memories of those messages, but those their user forgot: one that is its
+# whole message takes the message's embedding of %s when it has one; the
+# others wait for the backfill's (memchat.memory_embedding_source).
+_REMEMBER_MESSAGES = """
+insert into memchat.memories
+    (user_id, agent_name, kind, text, session_id, message_id, ordinal, created_at, model,
+     embedding)
+select h.user_id, s.agent_name, x.kind, x.text, h.session_id, h.id, x.ordinal, h.created_at,
+       e.model, e.embedding
+  from unnest(%s::bigint[], %s::integer[], %s::text[], %s::text[], %s::boolean[])
+       as x(id, ordinal, kind, text, whole)
+  join public.chat_message_history h on h.id = x.id
+  join public.chat_sessions s on s.id = h.session_id and s.user_id = h.user_id
+  left join memchat.message_embeddings e
+    on x.whole and e.message_id = h.id and e.user_id = h.user_id and e.model = %s
+ where not exists (select 1 from memchat.forgotten_memories f
+                    where f.message_id = h.id and f.ordinal = x.ordinal and f.user_id = h.user_id)
+on conflict (user_id, message_id, ordinal) do nothing
+"""
+# The live sessions' summaries that are no memory yet (written before
+# durable memory; memchat.summary_remember writes the later ones), dated by
+# the last message each covers, to be embedded by the backfill.
+_REMEMBER_SUMMARIES = """
+insert into memchat.memories
+    (user_id, agent_name, kind, text, session_id, message_id, ordinal, created_at)
+select s.user_id, s.agent_name, 'summary', left(s.summary, 4000), s.id,
+       s.summary_covers_until, -1, h.created_at
+  from public.chat_sessions s
+  join public.chat_message_history h on h.id = s.summary_covers_until and h.user_id = s.user_id
+ where s.summary ~ '[^[:space:]]' and s.status = 'active' and s.expires_at > now()
+   and not exists (select 1 from memchat.memories m
+                    where m.user_id = s.user_id and m.session_id = s.id and m.kind = 'summary')
+   and not exists (select 1 from memchat.forgotten_memories f
+                    where f.message_id = s.summary_covers_until and f.ordinal = -1
+                      and f.user_id = s.user_id)
+on conflict (user_id, message_id, ordinal) do nothing
+"""
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    """A live message that has no memory (`messages_without_memories`)."""
+
+    id: int
+    text: str
+    asked: bool  # the user's (kind "fact"), else the assistant's
+
+
+def messages_without_memories(
+    conn: psycopg.Connection[Any], *, after: int, limit: int
+) -> list[StoredMessage]:
+    """Up to `limit` messages of live sessions, after message `after`, that
+    have text and no memory, as the owner."""
+    rows = conn.execute(_WITHOUT_MEMORIES, {"after": after, "limit": limit}).fetchall()
+    return [StoredMessage(int(i), str(text), bool(asked)) for i, text, asked in rows]
+
+
+def remember_messages(
+    conn: psycopg.Connection[Any],
+    model: str,
+    memories: Sequence[tuple[StoredMessage, int, str, bool]],
+) -> int:
+    """Store (message, ordinal, text, whole) memories, as the owner: one that
+    is its `whole` message takes the message's embedding of `model`, if any;
+    the others are embedded by the backfill. Returns how many were stored."""
+    if not memories:
+        return 0
+    args = (
+        [m.id for m, _, _, _ in memories],
+        [ordinal for _, ordinal, _, _ in memories],
+        ["fact" if m.asked else "assistant" for m, _, _, _ in memories],
+        [text for _, _, text, _ in memories],
+        [whole for _, _, _, whole in memories],
+        model,
+    )
+    with conn.transaction():
+        return conn.execute(_REMEMBER_MESSAGES, args).rowcount
+
+
+def remember_summaries(conn: psycopg.Connection[Any]) -> int:
+    """Store the live sessions' summaries that are no memory yet (the
+    backfill embeds them), as the owner. Returns how many."""
+    with conn.transaction():
+        return conn.execute(_REMEMBER_SUMMARIES).rowcount
 
 
 async def list_memories(

@@ -68,6 +68,8 @@ from memchat.usecases.summarize import (
 )
 
 if TYPE_CHECKING:
+    import psycopg
+
     from memchat.config import Settings
     from memchat.model.client import ModelClient
     from memchat.store.db import Database
@@ -401,7 +403,32 @@ class Embedder:
 
 def _whole(message: store.Unembedded, text: str) -> bool:
     """Whether memory `text` is the whole of `message`, embedded before."""
-    return message.embedded and text == embedding_text(message.text).strip()
+    return message.embedded and _is_whole(message.text, text)
+
+
+def _is_whole(message: str, text: str) -> bool:
+    """Whether memory `text` is the whole of `message` (its embedding's text)."""
+    return text == embedding_text(message).strip()
+
+
+def remember_stored(conn: psycopg.Connection[Any], model: str, *, batch: int = 500) -> int:
+    """Make the durable memories of the live messages that have none (stored
+    before durable memory; `memchat db reembed --memories`), as the backfill
+    would have, and of the sessions' summaries, as the owner (`conn`): a
+    memory that is its whole message takes the message's embedding of
+    `model`, the others are embedded by the backfill's next run. Returns how
+    many memories were stored."""
+    stored = store.remember_summaries(conn)
+    after = 0
+    while page := store.messages_without_memories(conn, after=after, limit=batch):
+        memories = [
+            (m, i, text, _is_whole(m.text, text))
+            for m in page
+            for i, text in enumerate(memory_sentences(m.text))
+        ]
+        stored += store.remember_messages(conn, model, memories)
+        after = page[-1].id
+    return stored
 
 
 def _memory_texts(request: list[store.Unembedded]) -> list[FactText]:
