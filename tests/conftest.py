@@ -253,7 +253,12 @@ def fresh(admin: psycopg.Connection, admin_url: str, role_password: str | None) 
 # lives: `pytest -m unit` is the fast lane (`make test-fast`), which needs no
 # database. A test under tests/unit that asks for the test database (any
 # fixture built on `admin_url`) is a `db` test wherever it lives.
-_KIND_BY_DIRECTORY = {"unit": "unit", "browser": "browser", "bench": "bench_smoke"}
+_KIND_BY_DIRECTORY = {
+    "unit": "unit",
+    "browser": "browser",
+    "bench": "bench_smoke",
+    "citus": "citus",
+}
 _TESTS_ROOT = Path(__file__).resolve().parent
 
 
