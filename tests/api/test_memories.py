@@ -25,15 +25,19 @@ from tests.api import test_memory_search as search_tests
 from tests.utils.api import ApiClient
 from tests.utils.chat_api import chat
 from tests.utils.fake_openai import FakeOpenAI, tool_call
+from tests.utils.store_data import acting_as
+from tests.utils.users import claims_for
 
 DAY = datetime(2024, 3, 1, 12, tzinfo=UTC)
 empty_queue = search_tests.empty_queue
 embedder = search_tests.embedder
 import_sessions, search = search_tests.import_sessions, search_tests.search
 
+# Messages of one sentence in which the speaker speaks of themselves: a memory each.
 MOVED = "I moved to Berlin in March for a new job."
-WEATHER = "The weather there is grey most days."
 MUSEUM = "I would start with the Pergamon museum on a rainy day."
+WEATHER = "The weather there is grey most days."
+UMBRELLA = "I bought a yellow umbrella for it."
 
 
 def at(minutes: int) -> datetime:
@@ -54,8 +58,8 @@ async def berlin(api: ApiClient, auth: dict[str, str], embedder: Embedder) -> st
         api,
         auth,
         [
-            ("user", f"{MOVED} {WEATHER}", at(0)),
-            ("assistant", f"Welcome to Berlin! {MUSEUM}", at(1)),
+            ("user", MOVED, at(0)),
+            ("assistant", MUSEUM, at(1)),
         ],
     )
     await embedder.run()
@@ -89,14 +93,21 @@ async def test_the_backfill_keeps_what_each_side_said_of_themselves(
 ) -> None:
     _, auth = api.new_user()
     session_id = await berlin(api, auth, embedder)
+    # A message that says nothing of its speaker is not kept; one that says
+    # more than that: its sentence, then the whole message (400 characters at most).
+    await import_sessions(api, auth, [("user", WEATHER, at(5))])
+    await import_sessions(api, auth, [("user", f"{WEATHER} {UMBRELLA}", at(6))])
+    await embedder.run()
     body = await memories(api, auth)
     assert body["next_cursor"] is None
-    # Newest first; a sentence that says nothing of its speaker is not kept.
+    # Newest first (a message's later ones first).
     assert [(m["kind"], m["text"]) for m in body["memories"]] == [
+        ("fact", f"{WEATHER} {UMBRELLA}"),
+        ("fact", UMBRELLA),
         ("assistant", MUSEUM),
         ("fact", MOVED),
     ]
-    fact = body["memories"][1]
+    fact = body["memories"][3]
     assert fact["session_id"] == session_id and fact["agent_name"] == "default"
     assert fact["created_at"].startswith("2024-03-01T12:00:00")
     # While the session lives, a memory expires a year after it does.
@@ -109,7 +120,7 @@ async def test_the_backfill_keeps_what_each_side_said_of_themselves(
     )
     admin.execute("select memchat.queue_embeddings(array[%s]::uuid[])", (uuid.UUID(session_id),))
     await embedder.run()
-    assert len((await memories(api, auth))["memories"]) == 2
+    assert len((await memories(api, auth))["memories"]) == 4
 
 
 async def test_a_turns_messages_are_kept_once_the_backfill_has_run(
@@ -288,6 +299,52 @@ async def test_a_newer_memory_about_the_same_thing_ranks_first(
     assert {h["kind"] for h in hits} == {"memory"}
 
 
+async def test_a_rare_word_of_the_question_outweighs_a_common_one(
+    api: ApiClient, admin: psycopg.Connection, embedder: Embedder
+) -> None:
+    """The words' list (memchat.search_memories by words alone: no query
+    embedding) weighs each of the question's words by how few of the user's
+    memories hold it: the one memory with "Zanzibar" comes before the eight
+    with "coffee", though each holds one of the two."""
+    user_id, auth = api.new_user()
+    zanzibar = "I once flew to Zanzibar in a small plane."
+    await import_sessions(api, auth, [("user", zanzibar, at(0))])
+    for day in range(1, 9):
+        said = f"I drink coffee with oat milk on day {day} of the week."
+        await import_sessions(api, auth, [("user", said, at(day * 60))])
+    await embedder.run()
+    with acting_as(admin, claims_for(user_id)) as conn:
+        found = conn.execute(
+            "select m.text from memchat.search_memories('default', null, null, %s, 3, 0, false)"
+            " with ordinality f join memchat.memories m on m.id = f.id order by f.ordinality",
+            ("coffee Zanzibar",),
+        ).fetchall()
+    assert len(found) == 3 and found[0] == (zanzibar,), found
+
+
+async def test_memories_of_other_sessions_come_before_a_sessions_second(
+    api: ApiClient, embedder: Embedder
+) -> None:
+    """As for recall's exchanges: each hit already taken from a session makes
+    its next one worth 0.9 times less, so two sessions that each say
+    something come before one saying it twice."""
+    _, auth = api.new_user()
+    await import_sessions(
+        api,
+        auth,
+        [
+            ("user", "I visited the Pergamon museum in Berlin today.", at(0)),
+            ("assistant", "I hear the Pergamon museum in Berlin is closed for years.", at(1)),
+        ],
+    )
+    await import_sessions(api, auth, [("user", "I want to see a museum in Berlin.", at(60))])
+    await embedder.run()
+    found = await memories(api, auth, q="the Pergamon museum in Berlin", limit=2)
+    texts = [m["text"] for m in found["memories"]]
+    assert len(texts) == 2 and "Pergamon" in texts[0], texts
+    assert texts[1] == "I want to see a museum in Berlin.", texts
+
+
 async def test_with_no_retention_memory_goes_with_its_session(
     api: ApiClient, admin: psycopg.Connection, embedder: Embedder, cleanup_url: str
 ) -> None:
@@ -416,7 +473,7 @@ async def test_memories_without_an_embedding_are_embedded_by_the_backfill(
         "update memchat.memories set embedding = null, model = null where user_id = %s",
         (user_id,),
     )
-    assert (await embedder.run()).memories == 2
+    assert (await embedder.run()).memories >= 2  # and any other user's
     rows = admin.execute(
         "select model, embedding is not null from memchat.memories where user_id = %s",
         (user_id,),
@@ -425,17 +482,19 @@ async def test_memories_without_an_embedding_are_embedded_by_the_backfill(
 
 
 CAT = "I adopted a cat named Miso."
+# Past 400 characters: only its sentence in which the user speaks of themselves is kept.
+ABOUT_CATS = f"{CAT} " + "Cats sleep for most of the day and hunt at dusk. " * 9
 
 
 async def test_messages_stored_before_durable_memory_get_their_memories(
     api: ApiClient, admin: psycopg.Connection, embedder: Embedder
 ) -> None:
     """`memchat db reembed --memories` (remember_stored): the live messages
-    and summaries that have no memory get theirs, as the backfill makes
-    them, but none their user forgot; a second run makes none."""
+    and summaries get the memories they lack, as the backfill makes them,
+    but none their user forgot; a second run makes none."""
     user_id, auth = api.new_user()
     session_id = await berlin(api, auth, embedder)
-    await import_sessions(api, auth, [("user", CAT, at(10))])
+    await import_sessions(api, auth, [("user", ABOUT_CATS, at(10))])
     await embedder.run()
     # The session's summary, written before durable memory kept summaries.
     admin.execute(
@@ -470,11 +529,11 @@ async def test_messages_stored_before_durable_memory_get_their_memories(
         (user_id,),
     ).fetchall()
     assert rows == [
-        (CAT, True, name),
-        (MOVED, None, None),
+        (CAT, None, None),
+        (MOVED, True, name),
         ("Moved to Berlin; likes museums.", None, None),
     ]
-    assert (await embedder.run()).memories == 2
+    assert (await embedder.run()).memories >= 2  # and the other users'
     unembedded = admin.execute(
         "select count(*) from memchat.memories where user_id = %s and embedding is null",
         (user_id,),
@@ -482,6 +541,18 @@ async def test_messages_stored_before_durable_memory_get_their_memories(
     assert unembedded == (0,)
     remember_stored(admin, name)
     assert stored(admin, user_id) == 3
+    # A message with some of its memories (kept before the whole message
+    # was one): the one it lacks is made, those it has are left.
+    await import_sessions(api, auth, [("user", f"{WEATHER} {UMBRELLA}", at(20))])
+    await embedder.run()
+    admin.execute(
+        "delete from memchat.memories where user_id = %s and text = %s",
+        (user_id, f"{WEATHER} {UMBRELLA}"),
+    )
+    assert stored(admin, user_id) == 4
+    remember_stored(admin, name)
+    kept = [m["text"] for m in (await memories(api, auth))["memories"]]
+    assert kept[:2] == [f"{WEATHER} {UMBRELLA}", UMBRELLA] and len(kept) == 5
 
 
 async def test_the_model_forgets_memories_the_user_asks_it_to_with_the_turn(

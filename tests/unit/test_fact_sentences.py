@@ -47,12 +47,21 @@ def test_a_short_follow_up_takes_the_previous_exchange() -> None:
     assert follow_up_query("ok", [ai("hello")]) is None
 
 
-def test_memory_keeps_each_first_person_sentence_one_sentence_messages_too() -> None:
+def test_memory_keeps_first_person_sentences_and_a_short_message_whole() -> None:
     assert memory_sentences("I love long walks on the beach with my dog") == [
         "I love long walks on the beach with my dog"
     ]
     text = "My sister Ana is a marine biologist. The sea is cold. We visit her in June."
-    assert memory_sentences(text) == [
+    # The sentences first (their places stay), then the message whole.
+    assert memory_sentences(f"  {text}\n") == [
+        "My sister Ana is a marine biologist.",
+        "We visit her in June.",
+        text,
+    ]
+    # Past 400 characters: the sentences only.
+    long = f"{text} " + "The reef there is old and the boats are slow to arrive. " * 7
+    assert len(long) > 400
+    assert memory_sentences(long) == [
         "My sister Ana is a marine biologist.",
         "We visit her in June.",
     ]

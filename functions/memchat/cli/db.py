@@ -45,11 +45,12 @@ embeddings stored before it are of an unknown model and never recalled;
 --adopt-unknown marks them as the configured model's instead, if it made
 them).
 
---memories first makes the durable memories (docs/api.md, "Memories") of
-the live sessions' messages and summaries that have none: those stored
-before durable memory, which the backfill never reads again. Run it once
-after upgrading to durable memory; a memory that is its whole message
-takes the message's embedding, the others are embedded here.
+--memories first makes the durable memories (docs/api.md, "Memories") that
+the live sessions' messages and summaries lack: those stored before
+durable memory, or before a change of what it keeps of a message, which
+the backfill never reads again. Run it once after such an upgrade; a
+memory that is its whole message takes the message's embedding, the
+others are embedded here.
 
 --dimensions N first changes the stored column to vector(N) (the embeddings
 of another size are deleted, in the same transaction: their messages stay,
@@ -374,8 +375,8 @@ def register(commands: Subcommands) -> None:
     reembed.add_argument(
         "--memories",
         action="store_true",
-        help="first make the durable memories of the live sessions' messages and summaries"
-        " that have none (stored before durable memory): once after upgrading to it",
+        help="first make the durable memories the live sessions' messages and summaries"
+        " lack (stored before durable memory): once after upgrading to it",
     )
     reembed.add_argument(
         "--embeddings",

@@ -163,20 +163,18 @@ async def save_memory_embeddings(
 
 # ------------------------------------------------- the owner's `reembed --memories`
 
-# Live sessions' messages with text that have no memory (stored before
-# durable memory), after message %(after)s, oldest first.
-_WITHOUT_MEMORIES = """
+# Live sessions' messages with text, after message %(after)s, oldest first.
+_LIVE_MESSAGES = """
 select h.id, h.message->'data'->>'content', memchat.asked(h.message)
   from public.chat_message_history h
   join public.chat_sessions s on s.id = h.session_id and s.user_id = h.user_id
  where h.id > %(after)s and memchat.embeddable(h.message)
    and s.status = 'active' and s.expires_at > now()
-   and not exists (select 1 from memchat.memories m
-                    where m.user_id = h.user_id and m.message_id = h.id and m.ordinal >= 0)
  order by h.id
  limit %(limit)s
 """
-# Memories of those messages, but those their user forgot: one that is its
+# Memories of those messages that they lack, but those their user forgot
+# (one stored is left as it is): one that is its
 # whole message takes the message's embedding of %s when it has one; the
 # others wait for the backfill's (memchat.memory_embedding_source).
 _REMEMBER_MESSAGES = """
@@ -217,19 +215,17 @@ on conflict (user_id, message_id, ordinal) do nothing
 
 @dataclass(frozen=True)
 class StoredMessage:
-    """A live message that has no memory (`messages_without_memories`)."""
+    """A live message with text (`live_messages`)."""
 
     id: int
     text: str
     asked: bool  # the user's (kind "fact"), else the assistant's
 
 
-def messages_without_memories(
-    conn: psycopg.Connection[Any], *, after: int, limit: int
-) -> list[StoredMessage]:
-    """Up to `limit` messages of live sessions, after message `after`, that
-    have text and no memory, as the owner."""
-    rows = conn.execute(_WITHOUT_MEMORIES, {"after": after, "limit": limit}).fetchall()
+def live_messages(conn: psycopg.Connection[Any], *, after: int, limit: int) -> list[StoredMessage]:
+    """Up to `limit` messages of live sessions with text, after message
+    `after`, oldest first, as the owner."""
+    rows = conn.execute(_LIVE_MESSAGES, {"after": after, "limit": limit}).fetchall()
     return [StoredMessage(int(i), str(text), bool(asked)) for i, text, asked in rows]
 
 
@@ -238,9 +234,10 @@ def remember_messages(
     model: str,
     memories: Sequence[tuple[StoredMessage, int, str, bool]],
 ) -> int:
-    """Store (message, ordinal, text, whole) memories, as the owner: one that
-    is its `whole` message takes the message's embedding of `model`, if any;
-    the others are embedded by the backfill. Returns how many were stored."""
+    """Store (message, ordinal, text, whole) memories their messages lack
+    (none their user forgot), as the owner: one that is its `whole` message
+    takes the message's embedding of `model`, if any; the others are
+    embedded by the backfill. Returns how many were stored."""
     if not memories:
         return 0
     args = (

@@ -412,15 +412,15 @@ def _is_whole(message: str, text: str) -> bool:
 
 
 def remember_stored(conn: psycopg.Connection[Any], model: str, *, batch: int = 500) -> int:
-    """Make the durable memories of the live messages that have none (stored
-    before durable memory; `memchat db reembed --memories`), as the backfill
-    would have, and of the sessions' summaries, as the owner (`conn`): a
-    memory that is its whole message takes the message's embedding of
-    `model`, the others are embedded by the backfill's next run. Returns how
-    many memories were stored."""
+    """Make the durable memories that the live messages and the sessions'
+    summaries lack (stored before durable memory, or before what it keeps
+    of a message changed; `memchat db reembed --memories`), as the backfill
+    would have, as the owner (`conn`): a memory that is its whole message
+    takes the message's embedding of `model`, the others are embedded by
+    the backfill's next run. Returns how many memories were stored."""
     stored = store.remember_summaries(conn)
     after = 0
-    while page := store.messages_without_memories(conn, after=after, limit=batch):
+    while page := store.live_messages(conn, after=after, limit=batch):
         memories = [
             (m, i, text, _is_whole(m.text, text))
             for m in page

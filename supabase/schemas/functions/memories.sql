@@ -81,10 +81,14 @@ $$;
 -- The caller's memories of p_agent_name that match p_query (its embedding,
 -- of p_model) or p_text's words, at most p_limit, best first: the nearest
 -- by meaning (an exact scan: a user's memories are few next to their
--- messages) and those holding most of the words (ts_rank), fused by
--- reciprocal rank (k = 20, lists 2 * p_limit deep, as recall's); none
--- below p_min_score similarity to p_query, however found (score: that
--- similarity; null without p_query). When p_text asks for the present
+-- messages) and those holding the rarest of the words (each of p_text's
+-- lexemes weighed by how few of the caller's memories hold it, as BM25's
+-- idf), fused by reciprocal rank (k = 20, lists 2 * p_limit deep, as
+-- recall's); none below p_min_score similarity to p_query, however found
+-- (score: that similarity; null without p_query). As recall picks
+-- exchanges, each memory taken from a session makes that session's next
+-- worth 0.9 times less: several sessions that each say something come
+-- before one saying it again. When p_text asks for the present
 -- ("now", "currently", "latest", "still", "recently", ...: English cue
 -- words), of two of them from different sessions about the same thing
 -- (nearer each other than the nearer of them is to p_query, less 0.1) the
@@ -105,6 +109,7 @@ set search_path = ''
 as $$
 declare
   v_words tsquery;
+  v_lexemes text[];
   v_ids bigint[];
   v_current boolean;
 begin
@@ -120,6 +125,7 @@ begin
     return;  -- none: the words are not even looked at
   end if;
   v_words := memchat.any_words(p_text);
+  v_lexemes := pg_catalog.tsvector_to_array(pg_catalog.to_tsvector('english'::regconfig, coalesce(p_text, '')));
   v_current := p_text ~* '\m(now|current|currently|latest|still|these days|most recent|recently|anymore|at the moment|presently|so far)\M';
   return query
   with own as materialized (
@@ -133,11 +139,22 @@ begin
      where p_query is not null and o.model = p_model
      order by r
      limit p_limit * 2
-  ), words as (
-    select o.id,
-           row_number() over (order by pg_catalog.ts_rank(o.lexemes, v_words) desc, o.id desc) as r
+  ), matching as materialized (
+    select o.id, l.lexeme
       from own o
+     cross join lateral unnest(pg_catalog.tsvector_to_array(o.lexemes)) l(lexeme)
      where v_words is not null and o.lexemes operator(pg_catalog.@@) v_words
+       and l.lexeme = any(v_lexemes)
+  ), rarity as (
+    select m.lexeme,
+           ln(1 + (cardinality(v_ids) - count(*) + 0.5) / (count(*) + 0.5)) as weight
+      from matching m
+     group by m.lexeme
+  ), words as (
+    select m.id, row_number() over (order by sum(w.weight) desc, m.id desc) as r
+      from matching m
+      join rarity w on w.lexeme = m.lexeme
+     group by m.id
      order by r
      limit p_limit * 2
   ), fused as (
@@ -145,7 +162,7 @@ begin
            coalesce(1.0 / (20 + a.r), 0) + coalesce(1.0 / (20 + b.r), 0) as fused
       from meaning a
       full join words b on b.id = a.id
-  ), found as materialized (
+  ), kept as (
     select f.id, f.fused, x.similarity, o.embedding, o.created_at, o.session_id
       from fused f
       join own o on o.id = f.id
@@ -153,7 +170,13 @@ begin
        select case when p_query is not null and o.model = p_model
                    then 1 - (o.embedding operator(extensions.<=>) p_query) end as similarity) x
      where p_query is null or x.similarity >= p_min_score
-     order by f.fused desc, f.id desc
+  ), found as materialized (
+    select k.id, k.fused * 0.9 ^ (row_number() over (partition by k.session_id
+                                                    order by k.fused desc, k.id desc) - 1)
+             as fused,
+           k.similarity, k.embedding, k.created_at, k.session_id
+      from kept k
+     order by 2 desc, k.id desc
      limit p_limit
   )
   select a.id, a.similarity

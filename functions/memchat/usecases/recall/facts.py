@@ -43,9 +43,17 @@ def _first_person(sentences: list[str], words: re.Pattern[str] = _FIRST_PERSON) 
 def memory_sentences(message: str) -> list[str]:
     """What durable memory keeps of a stored message (memchat.memories), the
     user's or the assistant's: each sentence in which its speaker speaks of
-    themselves ("I moved to Berlin in March"), as fact_sentences, a message
-    of one sentence included."""
-    return _first_person(_sentences(message), _FIRST_PERSON_ANY_CASE)
+    themselves ("I moved to Berlin in March"), as fact_sentences finds them,
+    a message of one sentence included; then, when such a message has more
+    than that sentence and at most 400 characters, the message whole, as
+    the sentences around one say what it is about ("The support group was
+    amazing. I went yesterday."). The whole comes last, so each sentence
+    keeps its place (its ordinal) in the message's memories."""
+    found = _first_person(_sentences(message), _FIRST_PERSON_ANY_CASE)
+    whole = message.strip()
+    if found and len(whole) <= FACT_MAX_CHARS and found != [whole]:
+        return [*found, whole]
+    return found
 
 
 def fact_sentences(user_message: str) -> list[str]:
