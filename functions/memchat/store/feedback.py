@@ -26,7 +26,7 @@ _SET_FEEDBACK = sql.SQL(
     "   from public.chat_message_history h"
     "   join public.chat_sessions s on s.id = h.session_id and s.user_id = h.user_id"
     "  where h.id = %(message_id)s and {answer}"
-    " on conflict (message_id) do update"
+    " on conflict (message_id, user_id) do update"
     "    set rating = excluded.rating, comment = excluded.comment, updated_at = now()"
     " returning {feedback}"
 ).format(answer=sql.SQL(FINAL_ANSWER), feedback=sql.SQL(_FEEDBACK_JSON))

@@ -284,7 +284,7 @@ begin
   select e.message_id, e.user_id, p_model
     from memchat.message_embeddings e
    where e.message_id = any(v_done) and e.user_id = any(v_owners)
-  on conflict (message_id) do update set model = excluded.model;
+  on conflict (message_id, user_id) do update set model = excluded.model;
   get diagnostics v_marked = row_count;
   return v_marked;
 end

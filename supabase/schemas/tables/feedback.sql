@@ -9,7 +9,7 @@
 -- (docs/benchmarks.md, "Scheduled cleanup"). A trigger does the foreign
 -- key's check on insert (memchat.lock_referenced_message).
 create table memchat.message_feedback (
-  message_id bigint primary key,
+  message_id bigint not null,
   user_id uuid not null default auth.uid() references auth.users (id) on delete cascade,
   session_id uuid not null,
   agent_name text not null,
@@ -17,6 +17,7 @@ create table memchat.message_feedback (
   comment text check (comment is null or char_length(comment) <= 2000),
   created_at timestamptz not null default now(),
   updated_at timestamptz not null default now(),
+  primary key (message_id, user_id),
   constraint message_feedback_session_fkey
     foreign key (session_id, user_id) references public.chat_sessions (id, user_id)
     on delete cascade

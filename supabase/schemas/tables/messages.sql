@@ -8,12 +8,15 @@
 -- but the id (grants.sql), so no writer picks future ids (the table owner
 -- still may, e.g. to restore a dump).
 create table public.chat_message_history (
-  id bigint generated always as identity primary key,
+  id bigint generated always as identity,
   session_id uuid not null,
   user_id uuid not null references auth.users (id) on delete cascade,
   message jsonb not null,
   client_message_id text check (char_length(client_message_id) between 1 and 128),
   created_at timestamptz not null default now(),
+  -- Every key holds its user (a distributed table's must: docs/deploy.md,
+  -- "Citus"); a message is found by its id alone as well (the leading column).
+  primary key (id, user_id),
   constraint chat_message_history_session_fkey
     foreign key (session_id, user_id) references public.chat_sessions (id, user_id)
     on delete cascade

@@ -4,13 +4,14 @@
 
 -- `version` counts the writes: the optimistic check of memchat.save_notes.
 create table public.agent_long_term_memory (
-  id uuid primary key default gen_random_uuid(),
+  id uuid not null default gen_random_uuid(),
   user_id uuid not null references auth.users (id) on delete cascade,
   agent_name text not null check (agent_name ~ '^[A-Za-z0-9_.-]{1,64}$'),
   notes text not null default '',
   version integer not null default 1 check (version >= 1),
   created_at timestamptz not null default now(),
   updated_at timestamptz not null default now(),
+  primary key (id, user_id),
   unique (user_id, agent_name)
 );
 

@@ -27,7 +27,7 @@ create table memchat.summary_queue (
     on delete cascade
 );
 create index summary_queue_next_idx on memchat.summary_queue (next_attempt_at);
-create unique index summary_queue_lease_idx on memchat.summary_queue (lease)
+create unique index summary_queue_lease_idx on memchat.summary_queue (lease, user_id)
   where lease is not null;
 
 -- Queued after an import (memchat.queue_embeddings) and by a stored
@@ -46,5 +46,5 @@ create table memchat.embedding_queue (
 comment on table memchat.embedding_queue is
   'Sessions whose user messages need embeddings (the backfill: usecases/backfill.py).';
 create index embedding_queue_next_idx on memchat.embedding_queue (next_attempt_at);
-create unique index embedding_queue_lease_idx on memchat.embedding_queue (lease)
+create unique index embedding_queue_lease_idx on memchat.embedding_queue (lease, user_id)
   where lease is not null;

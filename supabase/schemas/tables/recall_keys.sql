@@ -166,9 +166,10 @@ analyze memchat.message_embeddings, memchat.message_facts;
 -- embedding when `memchat db reembed` deletes embeddings of another size
 -- (store.resize_embeddings).
 create table memchat.message_facts_made (
-  message_id bigint primary key,
+  message_id bigint not null,
   user_id uuid not null,
-  model text not null
+  model text not null,
+  primary key (message_id, user_id)
 );
 comment on table memchat.message_facts_made is
   'The model a message''s fact keys were made with (memchat.facts_save); see supabase/schemas/tables/recall_keys.sql.';
