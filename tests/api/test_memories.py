@@ -210,6 +210,42 @@ async def test_a_deleted_memory_is_gone_for_good_and_only_its_owner_may_delete_i
     assert [m["text"] for m in (await memories(api, auth))["memories"]] == [MUSEUM]
 
 
+async def test_deleting_a_sentence_takes_its_whole_message_and_the_reverse(
+    api: ApiClient, admin: psycopg.Connection, embedder: Embedder
+) -> None:
+    """A short message's sentence and the message whole are two memories:
+    deleting either deletes the other, so neither keeps what the user
+    removed, and the backfill makes neither again."""
+    _, auth = api.new_user()
+    (first,) = await import_sessions(api, auth, [("user", f"{WEATHER} {UMBRELLA}", at(0))])
+    (second,) = await import_sessions(api, auth, [("user", f"{WEATHER} {MOVED}", at(5))])
+    await embedder.run()
+    listed = (await memories(api, auth))["memories"]
+    assert [m["text"] for m in listed] == [
+        f"{WEATHER} {MOVED}",
+        MOVED,
+        f"{WEATHER} {UMBRELLA}",
+        UMBRELLA,
+    ]
+    umbrella = next(m for m in listed if m["text"] == UMBRELLA)
+    whole = next(m for m in listed if m["text"] == f"{WEATHER} {MOVED}")
+    for memory in (umbrella, whole):
+        gone = await api.delete(f"/memories/{memory['id']}", headers=auth)
+        assert gone.status_code == 200 and gone.json() == {"deleted": 1}
+    assert (await memories(api, auth))["memories"] == []
+    # Read again (a new model): neither comes back.
+    for session_id in (first, second):
+        admin.execute(
+            "update memchat.message_embeddings set model = 'older-model' where session_id = %s",
+            (uuid.UUID(session_id),),
+        )
+        admin.execute(
+            "select memchat.queue_embeddings(array[%s]::uuid[])", (uuid.UUID(session_id),)
+        )
+    await embedder.run()
+    assert (await memories(api, auth))["memories"] == []
+
+
 async def test_memory_outlives_the_transcript_and_recall_finds_it(
     custom_api: Callable[..., ApiClient],
     admin: psycopg.Connection,

@@ -61,18 +61,26 @@ select coalesce(jsonb_agg({fields} || jsonb_build_object('score', f.score)
        with ordinality f
   join memchat.memories m on m.id = f.id and m.user_id = (select auth.uid())
 """).format(fields=_FIELDS)
-# The caller's memories of the ids given deleted, each marked forgotten.
+# The caller's memories of the ids given deleted, each marked forgotten, and
+# with each the memories of its message that hold it or that it holds (a
+# sentence and its whole message: neither keeps what the user removed).
+# Counts the memories of the ids given.
 FORGET = """
-with gone as (
-  delete from memchat.memories m
+with chosen as (
+  select m.id, m.user_id, m.message_id, m.kind, m.text from memchat.memories m
    where m.user_id = (select auth.uid()) and m.id = any(%s::bigint[])
-  returning m.user_id, m.message_id, m.ordinal
+), gone as (
+  delete from memchat.memories m
+   using chosen c
+   where m.user_id = c.user_id and m.message_id = c.message_id and m.kind = c.kind
+     and (strpos(m.text, c.text) > 0 or strpos(c.text, m.text) > 0)
+  returning m.id, m.user_id, m.message_id, m.ordinal
 ), marked as (
   insert into memchat.forgotten_memories (message_id, ordinal, user_id)
   select g.message_id, g.ordinal, g.user_id from gone g
   on conflict do nothing
 )
-select count(*) from gone
+select count(*) from gone g where g.id in (select c.id from chosen c)
 """
 
 
