@@ -61,10 +61,6 @@ on conflict (session_id, user_id) do update
 _COUNT_LACKING = sql.SQL("select count(*) {lacking}").format(lacking=_LACKING)
 
 
-async def _call(db: Database, caller: Caller | None, query: str, params: Any) -> Any:
-    return await db.value(caller.claims if caller else None, query, params)
-
-
 # ------------------------------------------------------------------ the API
 
 
@@ -72,7 +68,7 @@ async def queue_embeddings(db: Database, caller: Caller, session_ids: Sequence[u
     """Queue the caller's sessions among `session_ids` for the backfill (an
     import's); others' and unknown ids are ignored, a session already queued
     stays as it is. Returns how many of them are the caller's."""
-    return int(await _call(db, caller, _QUEUE, (list(session_ids),)))
+    return int(await db.value(caller.claims, _QUEUE, (list(session_ids),)))
 
 
 async def embedding_backlog(db: Database, caller: Caller) -> EmbeddingBacklog:
@@ -102,7 +98,7 @@ async def claim_embeddings(
 ) -> list[DueEmbeddings]:
     """Lease up to `limit` due items for `lease_seconds` (FOR UPDATE SKIP LOCKED
     in one short transaction: another worker skips them)."""
-    found = await _call(db, None, _CLAIM, (limit, lease_seconds))
+    found = await db.value(None, _CLAIM, (limit, lease_seconds))
     return [
         DueEmbeddings(uuid.UUID(i["lease"]), uuid.UUID(i["session_id"]), int(i["attempts"]))
         for i in found or []
@@ -115,7 +111,7 @@ async def unembedded(
     """Up to `limit` messages of a leased item's session that need an embedding
     of `model`, after message `after`, oldest first ([]: none left, or the
     lease is gone)."""
-    found = await _call(db, None, _SOURCE, (item.lease, model, after, limit))
+    found = await db.value(None, _SOURCE, (item.lease, model, after, limit))
     return [
         Unembedded(
             item.lease, int(m["id"]), m["text"], bool(m.get("embedded")), bool(m.get("asked"))
@@ -140,7 +136,7 @@ async def save_embeddings(
         [m.id for m in messages],
         [vector_literal(e.vector) for e in embeddings],
     )
-    return int(await _call(db, None, _SAVE, args))
+    return int(await db.value(None, _SAVE, args))
 
 
 async def save_facts(
@@ -163,7 +159,7 @@ async def save_facts(
         [ordinal for _, ordinal, _ in facts],
         [vector_literal(vector) for _, _, vector in facts],
     )
-    return int(await _call(db, None, _FACTS, args))
+    return int(await db.value(None, _FACTS, args))
 
 
 async def embedding_statistics(db: Database) -> int:
@@ -171,20 +167,20 @@ async def embedding_statistics(db: Database) -> int:
     and were never analysed, or twice as many as their statistics count
     (under 5,000; supabase/schemas/functions/partitions.sql), whoever grew them.
     Returns how many."""
-    return int(await _call(db, None, _STATISTICS, ()))
+    return int(await db.value(None, _STATISTICS, ()))
 
 
 async def embeddings_done(db: Database, item: DueEmbeddings, *, model: str) -> bool:
     """The end of an item's pass: it leaves the queue when nothing in its
     session needs an embedding of `model` any more (True), else stays, ready
     now (False; also when the lease is gone)."""
-    return bool(await _call(db, None, _DONE, (item.lease, model)))
+    return bool(await db.value(None, _DONE, (item.lease, model)))
 
 
 async def embeddings_failed(db: Database, item: DueEmbeddings, *, retry_in: float | None) -> None:
     """Record a failed pass: retry after `retry_in` seconds (None: give up until
     the session is queued again)."""
-    await _call(db, None, _FAILED, (item.lease, retry_in))
+    await db.value(None, _FAILED, (item.lease, retry_in))
 
 
 # ----------------------------------------------------------- the owner's reembed

@@ -10,7 +10,6 @@ it, and only while its lease lives.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from memchat import messages
 from memchat.store.db import Database
@@ -26,17 +25,13 @@ _SUMMARY_DONE = "select memchat.summary_done(%s, %s)"
 _SUMMARY_FAILED = "select memchat.summary_failed(%s, %s)"
 
 
-async def _worker_call(db: Database, query: str, params: Any) -> Any:
-    return await db.value(None, query, params)
-
-
 async def claim_due_summaries(
     db: Database, *, limit: int, lease_seconds: float
 ) -> list[DueSummary]:
     """Lease up to `limit` due items for `lease_seconds` (FOR UPDATE SKIP LOCKED
     in one short transaction: another worker skips them; a turn never waits
     longer than this statement)."""
-    found = await _worker_call(db, _CLAIM_DUE, {"limit": limit, "lease": lease_seconds})
+    found = await db.value(None, _CLAIM_DUE, {"limit": limit, "lease": lease_seconds})
     return [
         DueSummary(uuid.UUID(i["lease"]), uuid.UUID(i["session_id"]), int(i["attempts"]))
         for i in found or []
@@ -45,14 +40,14 @@ async def claim_due_summaries(
 
 async def summary_lag(db: Database) -> float | None:
     """Seconds the oldest due item has been waiting (None: none is due)."""
-    lag = await _worker_call(db, _SUMMARY_LAG, ())
+    lag = await db.value(None, _SUMMARY_LAG, ())
     return float(lag) if lag is not None else None
 
 
 async def summary_failed(db: Database, item: DueSummary, *, retry_in: float | None) -> None:
     """Record a failed refresh: retry after `retry_in` seconds (None: give up
     until the session's next turn queues it again)."""
-    await _worker_call(db, _SUMMARY_FAILED, (item.lease, retry_in))
+    await db.value(None, _SUMMARY_FAILED, (item.lease, retry_in))
 
 
 async def summary_source(
@@ -61,7 +56,7 @@ async def summary_source(
     """A leased item's summary so far and up to `chunk` messages after it that
     have left a `window`-message window (None: nothing left to summarize, or
     the lease is gone)."""
-    found = await _worker_call(db, _SUMMARY_SOURCE, (item.lease, window, chunk))
+    found = await db.value(None, _SUMMARY_SOURCE, (item.lease, window, chunk))
     if not found:
         return None
     return SummarySource(
@@ -83,7 +78,7 @@ async def save_summary(db: Database, source: SummarySource, text: str) -> bool:
     still has the summary it was made from (no clear, no other worker in
     between) and the lease lives. Returns whether it was stored."""
     args = (source.lease, text, source.boundary, source.covers_until)
-    return bool(await _worker_call(db, _SAVE_SUMMARY, args))
+    return bool(await db.value(None, _SAVE_SUMMARY, args))
 
 
 async def remember_summary(
@@ -94,10 +89,10 @@ async def remember_summary(
     session's earlier one; False when the session's summary is no longer
     `text`, its user forgot it, or the lease is gone."""
     args = (item.lease, text, model, vector_literal(embedding))
-    return bool(await _worker_call(db, _REMEMBER_SUMMARY, args))
+    return bool(await db.value(None, _REMEMBER_SUMMARY, args))
 
 
 async def summary_done(db: Database, item: DueSummary, *, due_after: int) -> None:
     """The end of an item's pass: it stays queued while `due_after` or more of
     its session's messages are outside its summary, else leaves the queue."""
-    await _worker_call(db, _SUMMARY_DONE, (item.lease, due_after))
+    await db.value(None, _SUMMARY_DONE, (item.lease, due_after))
