@@ -321,3 +321,38 @@ async def test_export_messages_with_an_exact_multiple_of_the_batch(db, users):
         ["a", "b"],
         ["c", "d"],
     ]
+
+
+async def test_export_memories_earliest_stated_first_whatever_their_ids(db, admin, users):
+    """The export's memories come in the order they were stated (a message's
+    in order), a batch at a time, not in the order they were stored: an
+    import brings old memories after newer ones."""
+    alice, bob = users.create(), users.create()
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    stored = [
+        (t0 + timedelta(days=2), 7, 0),
+        (t0, 9, 1),
+        (t0, 9, 0),
+        (t0 + timedelta(days=1), 3, 0),
+    ]
+    for owner in (alice, bob):
+        for at, message_id, ordinal in stored:
+            admin.execute(
+                "insert into memchat.memories (user_id, agent_name, kind, text, session_id,"
+                " message_id, ordinal, created_at)"
+                " values (%s, 'default', 'fact', %s, %s, %s, %s, %s)",
+                (
+                    owner.user_id,
+                    f"memory {message_id}.{ordinal}",
+                    uuid.uuid4(),
+                    message_id,
+                    ordinal,
+                    at,
+                ),
+            )
+    async with store.snapshot(db, alice, whole_account=True) as reader:
+        batches = await collect(reader.memories(batch=2))
+    assert [[json.loads(text)["text"] for text in batch] for batch in batches] == [
+        ["memory 9.0", "memory 9.1"],
+        ["memory 3.0", "memory 7.0"],
+    ]

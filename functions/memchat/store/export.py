@@ -86,17 +86,22 @@ select coalesce(jsonb_agg(jsonb_build_object(
 """
 
 
-# The caller's memories as export JSON text, oldest first, a batch at a time
+# The caller's memories as export JSON text, the earliest stated first (a
+# message's in order), a batch at a time after the last one's key
 # (expires_at: null while the memory's session lives).
 _MEMORIES = """
-select m.id, jsonb_build_object(
+select jsonb_build_object(
          'id', m.id, 'agent_name', m.agent_name, 'kind', m.kind, 'text', m.text,
          'session_id', m.session_id, 'message_id', m.message_id,
-         'created_at', m.created_at, 'expires_at', m.expires_at)::text
+         'created_at', m.created_at, 'expires_at', m.expires_at)::text,
+       m.created_at, m.message_id, m.ordinal
   from memchat.memories m
- where m.user_id = (select auth.uid()) and m.id > %s
- order by m.id
- limit %s
+ where m.user_id = (select auth.uid())
+   and (%(after_at)s::timestamptz is null
+        or (m.created_at, m.message_id, m.ordinal)
+           > (%(after_at)s::timestamptz, %(after_message)s::bigint, %(after_ordinal)s::integer))
+ order by m.created_at, m.message_id, m.ordinal
+ limit %(limit)s
 """
 
 
@@ -131,9 +136,26 @@ class ExportReader:
             yield texts
 
     async def memories(self, batch: int = MESSAGE_BATCH) -> AsyncIterator[list[str]]:
-        """The caller's memories as export JSON text, oldest first, in batches."""
-        async for texts in self._by_id(_MEMORIES, (), batch):
-            yield texts
+        """The caller's memories as export JSON text, the earliest stated
+        first, in batches."""
+        after: tuple[datetime, int, int] | None = None
+        while True:
+            cur = await self._conn.execute(
+                _MEMORIES,
+                {
+                    "after_at": after[0] if after else None,
+                    "after_message": after[1] if after else None,
+                    "after_ordinal": after[2] if after else None,
+                    "limit": batch,
+                },
+            )
+            rows = await cur.fetchall()
+            if not rows:
+                return
+            yield [r[0] for r in rows]
+            if len(rows) < batch:
+                return
+            after = (rows[-1][1], rows[-1][2], rows[-1][3])
 
     async def _by_id(
         self, query: Any, params: tuple[Any, ...], batch: int
