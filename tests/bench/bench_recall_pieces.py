@@ -139,10 +139,11 @@ def timed_call(
 ) -> float:
     """One statement as the caller of `claims` (its own transaction), its ms
     from the client."""
-    from memchat.store.db import SET_CLAIMS, claims_params
+
+    from tests.utils.store_data import become
 
     with conn.transaction():
-        conn.execute(SET_CLAIMS, claims_params(claims))
+        become(conn, claims)
         started = time.perf_counter()
         conn.execute(statement, params).fetchone()
         return (time.perf_counter() - started) * 1000

@@ -16,8 +16,8 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from memchat import messages, store
-from memchat.store.db import SET_CLAIMS, claims_params
 from tests.utils.store_data import (
+    become,
     contents,
     exchange,
     record,
@@ -237,7 +237,7 @@ async def test_window_reads_n_rows_of_a_huge_session(db, database_url, big_sessi
 
     # Run the same call again and count what it read from the message table.
     with psycopg.connect(database_url, autocommit=True) as conn, conn.transaction():
-        conn.execute(SET_CLAIMS, claims_params(alice.claims))
+        become(conn, alice.claims)
         ((result,),) = conn.execute(
             store.turns.LOAD_CONTEXT, (sid, "default", window, True, None, None, 0, 1, 0, 0)
         ).fetchall()

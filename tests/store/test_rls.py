@@ -14,12 +14,12 @@ import pytest
 
 from memchat import store
 from memchat.errors import SessionNotFound
-from memchat.store.db import SET_CLAIMS, claims_params
 from tests.store.conftest import World, affected, on, refused
 from tests.utils.store_data import (
     TTL,
     USER_TABLES,
     acting_as,
+    become,
     exchange,
     record,
     snapshot,
@@ -90,7 +90,7 @@ def test_b_writes_without_where_reach_only_b_rows(
     ).fetchone()
     update = f"update public.{{table}} {CHANGES[table]}"
     with conn.transaction(force_rollback=True):
-        conn.execute(SET_CLAIMS, claims_params(world.b.claims))
+        become(conn, world.b.claims)
         assert affected(conn, on(update, table), world.params) in (own, "refused")
         assert affected(conn, on("delete from public.{table}", table), world.params) == own
 

@@ -20,8 +20,8 @@ import pytest
 from psycopg.abc import Query
 
 from memchat import store
-from memchat.store.db import SET_CLAIMS, claims_params
 from tests.store.conftest import World
+from tests.utils.store_data import become
 
 # What the current transaction read from chat_sessions.
 _READS = """
@@ -64,7 +64,7 @@ def reads(conn: psycopg.Connection, claims: dict[str, Any], query: Query, params
     """What one lookup read from chat_sessions, in a transaction of its own."""
     with conn.transaction(force_rollback=True):
         before = conn.execute(_READS).fetchone() or (0, 0, 0, 0)
-        conn.execute(SET_CLAIMS, claims_params(claims))
+        become(conn, claims)
         conn.execute(query, params)
         conn.execute("reset role")
         after = conn.execute(_READS).fetchone() or (0, 0, 0, 0)

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 
 from memchat import messages, store
-from memchat.store.db import SET_CLAIMS, Database, claims_params
+from memchat.store.db import Database, claims_statements
 
 TTL = timedelta(hours=1)
 
@@ -126,13 +126,20 @@ def snapshot(admin: psycopg.Connection, user_id: uuid.UUID) -> dict[str, list[di
     return result
 
 
+def become(conn: psycopg.Connection, claims: Mapping[str, Any]) -> None:
+    """Makes `conn`'s open transaction a user request's, as the API does
+    (memchat.store.db.claims_statements)."""
+    for query, params in claims_statements(claims):
+        conn.execute(query, params)
+
+
 @contextmanager
 def acting_as(
     conn: psycopg.Connection, claims: Mapping[str, Any] | None
 ) -> Iterator[psycopg.Connection]:
     """A transaction on `conn` that runs as the API runs a request.
 
-    With claims: `memchat_user` with those claims (memchat.store.db.SET_CLAIMS).
+    With claims: `memchat_user` with those claims (`become`).
     With None: `anon` with no claims (needs a connection that may become
     anon: the owner's, standing in for PostgREST's `authenticator`). The
     transaction commits at the end, so anything a statement managed to
@@ -142,7 +149,7 @@ def acting_as(
         if claims is None:
             conn.execute("select set_config('role', 'anon', true)")
         else:
-            conn.execute(SET_CLAIMS, claims_params(claims))
+            become(conn, claims)
         yield conn
 
 

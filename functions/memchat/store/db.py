@@ -6,8 +6,8 @@ user request runs in one transaction that first switches to `memchat_user`
 verified claims, as PostgREST does for `authenticated`; so row-level
 security keeps users apart, and a statement sent without the switch is
 refused rather than run with wider rights. Work is sent in pipeline mode with a
-single Sync: BEGIN-less implicit transaction, the claims, the queries, all in
-one network round trip, atomic (an error anywhere rolls back everything).
+single Sync: BEGIN, the claims, the queries, COMMIT, all in one network round
+trip, atomic (an error anywhere rolls back everything).
 
 Built for Supabase's transaction-mode pooler: no server-side prepared
 statements, no session state outside a transaction, and at most
@@ -49,21 +49,15 @@ if TYPE_CHECKING:
 # The role every user request runs as (supabase/schemas/grants.sql).
 REQUEST_ROLE = "memchat_user"
 
-# `set local role` + the claims + the request's timeouts and stored-messages
-# quota (+ UTC timestamps in JSON built by the database), in one statement.
-# Supabase's auth.uid() and auth.role() read the legacy per-claim settings first: they are set per
-# transaction too, so a value left on a pooled server connection can never
-# stand in for the caller.
+# A user request's transaction opens with the switch to REQUEST_ROLE and then
+# the caller's claims and the request's timeouts and stored-messages quota (+
+# UTC timestamps in JSON built by the database): SET LOCAL in an explicit
+# block, which Citus repeats on each worker the transaction reaches
+# (memchat.begin_request, supabase/schemas/functions/requests.sql).
+SET_ROLE = "set local role memchat_user"
 SET_CLAIMS = (
-    "select set_config('role', %(role)s, true), "
-    "set_config('request.jwt.claims', %(claims)s, true), "
-    "set_config('request.jwt.claim.sub', %(sub)s, true), "
-    "set_config('request.jwt.claim.role', %(claim_role)s, true), "
-    "set_config('request.jwt.claim', '', true), "
-    "set_config('statement_timeout', %(statement_timeout)s, true), "
-    "set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, true), "
-    "set_config('memchat.max_stored_messages', %(max_stored)s, true), "
-    "set_config('timezone', 'UTC', true)"
+    "select memchat.begin_request("
+    "%(claims)s, %(statement_timeout)s, %(idle_timeout)s, %(max_stored)s)"
 )
 
 
@@ -102,17 +96,22 @@ DEFAULT_LIMITS = RequestLimits()
 
 def claims_params(
     claims: Mapping[str, Any], limits: RequestLimits = DEFAULT_LIMITS
-) -> dict[str, str]:
+) -> dict[str, Any]:
     """The parameters of SET_CLAIMS for a caller's verified claims."""
     return {
-        "role": REQUEST_ROLE,
         "claims": json.dumps(claims),
-        "sub": str(claims.get("sub", "")),
-        "claim_role": str(claims.get("role", "")),
-        "statement_timeout": str(limits.statement_timeout_ms),
-        "idle_timeout": str(limits.idle_in_transaction_timeout_ms),
-        "max_stored": str(limits.max_stored_messages),
+        "statement_timeout": limits.statement_timeout_ms,
+        "idle_timeout": limits.idle_in_transaction_timeout_ms,
+        "max_stored": limits.max_stored_messages,
     }
+
+
+def claims_statements(
+    claims: Mapping[str, Any], limits: RequestLimits = DEFAULT_LIMITS
+) -> list[tuple[str, Any]]:
+    """The statements (query, params) that make an open transaction a user
+    request's: as REQUEST_ROLE, with these claims and limits."""
+    return [(SET_ROLE, None), (SET_CLAIMS, claims_params(claims, limits))]
 
 
 # Takes a token from the caller's bucket, or raises SQLSTATE MC429 (its
@@ -276,13 +275,21 @@ class Database:
         async with self.connection() as conn:
             try:
                 async with conn.pipeline():
+                    # An explicit block, committed after the caller's
+                    # statements: SET LOCAL reaches Citus's workers only in
+                    # one, and the workers' statements are atomic with the
+                    # coordinator's. The block raising leaves it open, and
+                    # `connection` rolls it back.
+                    await conn.execute("begin")
                     check = None
                     if claims is not None:
-                        await conn.execute(SET_CLAIMS, claims_params(claims, self.limits))
+                        for query, params in claims_statements(claims, self.limits):
+                            await conn.execute(query, params)
                         check = conn.cursor()
                         await check.execute(USER_EXISTS)
                         await self._throttle(conn, throttle)
                     yield conn
+                    await conn.execute("commit")
             except psycopg.Error as exc:
                 raise refusal(exc) or exc from exc
             if check is not None:
@@ -335,7 +342,8 @@ class Database:
                             "set transaction isolation level repeatable read, read only"
                         )
                     if claims is not None:
-                        await conn.execute(SET_CLAIMS, claims_params(claims, self.limits))
+                        for query, params in claims_statements(claims, self.limits):
+                            await conn.execute(query, params)
                         cur = await conn.execute(USER_EXISTS)
                         _require_user(await cur.fetchone())
                     yield conn

@@ -1,5 +1,41 @@
--- What the API's requests call in their own transaction: whether the
--- caller still exists, and the throttles (tables/throttles.sql).
+-- What the API's requests call in their own transaction: the caller's
+-- claims, whether the caller still exists, and the throttles
+-- (tables/throttles.sql).
+
+-- The caller's verified claims and the request's limits, for the rest of the
+-- transaction, called as `memchat_user` right after `set local role`
+-- (memchat.store.db). Supabase's auth.uid() and auth.role() read the legacy
+-- per-claim settings first: they are set here too, so a value left on a
+-- pooled server connection can never stand in for the caller. SET LOCAL, not
+-- set_config(): on Citus (citus.propagate_set_commands = 'local', which
+-- `memchat db distribute` gives the API's role) a transaction block's SET
+-- LOCAL is repeated on every worker the transaction reaches, so RLS on the
+-- shards sees the caller; set_config() stays on the coordinator. Only the
+-- function's own search_path is undone when it returns.
+create function memchat.begin_request(
+  p_claims text, p_statement_timeout_ms integer, p_idle_timeout_ms integer,
+  p_max_stored_messages integer
+) returns void
+language plpgsql
+set search_path = ''
+as $$
+declare
+  v_claims jsonb := p_claims::jsonb;
+begin
+  execute pg_catalog.format('set local request.jwt.claims = %L', p_claims);
+  execute pg_catalog.format('set local request.jwt.claim.sub = %L',
+                            coalesce(v_claims ->> 'sub', ''));
+  execute pg_catalog.format('set local request.jwt.claim.role = %L',
+                            coalesce(v_claims ->> 'role', ''));
+  set local request.jwt.claim = '';
+  execute pg_catalog.format('set local statement_timeout = %s', p_statement_timeout_ms);
+  execute pg_catalog.format('set local idle_in_transaction_session_timeout = %s',
+                            p_idle_timeout_ms);
+  execute pg_catalog.format('set local memchat.max_stored_messages = %s',
+                            p_max_stored_messages);
+  set local timezone = 'UTC';
+end
+$$;
 
 -- Whether the caller of this request still exists (a deleted user's token
 -- is refused). SECURITY DEFINER: the API's role cannot read auth.users.
