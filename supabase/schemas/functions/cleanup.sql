@@ -97,14 +97,18 @@ begin
 end
 $$;
 
--- The foreign key's check: the message exists, and stays until this
--- transaction ends. SQLSTATE 23503 (foreign_key_violation) otherwise.
+-- The foreign key's check: the message, the row's user's own, exists, and
+-- stays until this transaction ends. SQLSTATE 23503 (foreign_key_violation)
+-- otherwise.
 create function memchat.lock_referenced_message() returns trigger
 language plpgsql security definer
 set search_path = ''
 as $$
 begin
-  perform 1 from public.chat_message_history h where h.id = new.message_id for key share;
+  -- By the message's whole key: on Citus a statement on one shard group.
+  perform 1 from public.chat_message_history h
+   where h.id = new.message_id and h.user_id = new.user_id
+     for key share;
   if not found then
     raise exception using
       errcode = 'foreign_key_violation',

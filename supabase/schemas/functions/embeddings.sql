@@ -91,6 +91,8 @@ language plpgsql
 set search_path = ''
 as $$
 declare
+  -- now() itself in ON CONFLICT DO UPDATE: refused by Citus (docs/deploy.md).
+  v_now timestamptz := now();
   v_mine integer;
 begin
   with mine as (
@@ -99,7 +101,7 @@ begin
   ), queued as (
     insert into memchat.embedding_queue as q (session_id, user_id)
     select m.id, m.user_id from mine m
-    on conflict (session_id, user_id) do update set attempts = 0, next_attempt_at = now()
+    on conflict (session_id, user_id) do update set attempts = 0, next_attempt_at = v_now
      where q.next_attempt_at = 'infinity'
     returning 1
   )

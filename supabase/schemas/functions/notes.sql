@@ -11,13 +11,15 @@ language plpgsql
 set search_path = ''
 as $$
 declare
+  -- now() itself in ON CONFLICT DO UPDATE: refused by Citus (docs/deploy.md).
+  v_now timestamptz := now();
   v_version integer;
 begin
   if p_expected_version is null then
     insert into public.agent_long_term_memory as m (user_id, agent_name, notes)
     values ((select auth.uid()), p_agent_name, p_notes)
     on conflict (user_id, agent_name) do update
-      set notes = excluded.notes, version = m.version + 1, updated_at = now()
+      set notes = excluded.notes, version = m.version + 1, updated_at = v_now
     returning m.version into v_version;
   elsif p_expected_version = 0 then
     insert into public.agent_long_term_memory as m (user_id, agent_name, notes)
@@ -26,7 +28,7 @@ begin
     returning m.version into v_version;
   else
     update public.agent_long_term_memory as m
-       set notes = p_notes, version = m.version + 1, updated_at = now()
+       set notes = p_notes, version = m.version + 1, updated_at = v_now
      where m.user_id = (select auth.uid()) and m.agent_name = p_agent_name
        and m.version = p_expected_version
     returning m.version into v_version;

@@ -45,6 +45,8 @@ set enable_bitmapscan = off
 set plan_cache_mode = force_generic_plan
 as $function$
 declare
+  -- now() itself in ON CONFLICT DO UPDATE: refused by Citus (docs/deploy.md).
+  v_now timestamptz := now();
   v_uid uuid := auth.uid();
   v_session public.chat_sessions;
   v_session_json jsonb;
@@ -71,11 +73,11 @@ begin
       from public.user_agent_active_sessions a
       join public.chat_sessions s on s.id = a.active_session_id and s.user_id = a.user_id
      where a.user_id = v_uid and a.agent_name = p_agent_name
-       and s.status = 'active' and s.expires_at > now();
+       and s.status = 'active' and s.expires_at > v_now;
   end if;
   if v_session.id is not null then
     v_session_json := to_jsonb(v_session)
-      || jsonb_build_object('expired', v_session.expires_at <= now());
+      || jsonb_build_object('expired', v_session.expires_at <= v_now);
   end if;
 
   if p_client_message_id is not null then
@@ -107,7 +109,7 @@ begin
     select c.message_digest = v_digest into v_same
       from memchat.turn_claims c
      where c.user_id = v_uid and c.client_message_id = p_client_message_id
-       and c.expires_at > now();
+       and c.expires_at > v_now;
     if found then
       return jsonb_build_object('idempotency', case when v_same then 'in_flight' else 'conflict' end);
     end if;
@@ -130,10 +132,10 @@ begin
   if p_client_message_id is not null then
     insert into memchat.turn_claims as c (user_id, client_message_id, message_digest, expires_at)
     values (v_uid, p_client_message_id, v_digest,
-            now() + make_interval(secs => p_claim_seconds))
+            v_now + make_interval(secs => p_claim_seconds))
     on conflict (user_id, client_message_id) do update
        set message_digest = excluded.message_digest, expires_at = excluded.expires_at
-     where c.expires_at <= now()
+     where c.expires_at <= v_now
     returning true into v_same;
     if v_same is null then
       -- A concurrent request claimed it first (its row was not yet visible).
@@ -148,7 +150,7 @@ begin
      where m.user_id = v_uid and m.agent_name = coalesce(v_session.agent_name, p_agent_name);
   end if;
 
-  if v_session.id is not null and v_session.expires_at > now() then
+  if v_session.id is not null and v_session.expires_at > v_now then
     v_with_summary := v_session.summary is not null and p_read_notes;
     -- With a summary, one more than the most it may keep: the message the
     -- summary ends with, which shows that nothing lies between.
@@ -228,6 +230,8 @@ set search_path = ''
 set plan_cache_mode = force_generic_plan
 as $function$
 declare
+  -- now() itself in ON CONFLICT DO UPDATE: refused by Citus (docs/deploy.md).
+  v_now timestamptz := now();
   v_uid uuid := auth.uid();
   v_count integer := jsonb_array_length(p_messages);
   v_session public.chat_sessions;
@@ -266,11 +270,11 @@ begin
       from public.user_agent_active_sessions a
       join public.chat_sessions s on s.id = a.active_session_id and s.user_id = a.user_id
      where a.user_id = v_uid and a.agent_name = p_agent_name
-       and s.status = 'active' and s.expires_at > now();
+       and s.status = 'active' and s.expires_at > v_now;
     p_session_id := coalesce(v_active, p_session_id);
   end if;
 
-  select s.expires_at <= now() into v_expired
+  select s.expires_at <= v_now into v_expired
     from public.chat_sessions s where s.id = p_session_id and s.user_id = v_uid for update;
   if v_expired then
     delete from public.chat_message_history h
@@ -280,23 +284,23 @@ begin
   insert into public.chat_sessions as s
       (id, user_id, agent_name, title, message_count, last_active_at, expires_at,
        turn_count, prompt_tokens, completion_tokens)
-  values (p_session_id, v_uid, p_agent_name, p_title, v_count, now(),
+  values (p_session_id, v_uid, p_agent_name, p_title, v_count, v_now,
           memchat.session_expiry(p_ttl), 1, v_prompt, v_completion)
   on conflict (id, user_id) do update set
-      message_count = case when s.expires_at <= now() then excluded.message_count
+      message_count = case when s.expires_at <= v_now then excluded.message_count
                            else s.message_count + excluded.message_count end,
-      turn_count = case when s.expires_at <= now() then 1 else s.turn_count + 1 end,
-      prompt_tokens = case when s.expires_at <= now() then excluded.prompt_tokens
+      turn_count = case when s.expires_at <= v_now then 1 else s.turn_count + 1 end,
+      prompt_tokens = case when s.expires_at <= v_now then excluded.prompt_tokens
                            else s.prompt_tokens + excluded.prompt_tokens end,
-      completion_tokens = case when s.expires_at <= now() then excluded.completion_tokens
+      completion_tokens = case when s.expires_at <= v_now then excluded.completion_tokens
                                else s.completion_tokens + excluded.completion_tokens end,
-      summary = case when s.expires_at <= now() then null else s.summary end,
+      summary = case when s.expires_at <= v_now then null else s.summary end,
       summary_covers_until =
-        case when s.expires_at <= now() then null else s.summary_covers_until end,
+        case when s.expires_at <= v_now then null else s.summary_covers_until end,
       summary_covers_count =
-        case when s.expires_at <= now() then 0 else s.summary_covers_count end,
+        case when s.expires_at <= v_now then 0 else s.summary_covers_count end,
       summary_updated_at =
-        case when s.expires_at <= now() then null else s.summary_updated_at end,
+        case when s.expires_at <= v_now then null else s.summary_updated_at end,
       title = coalesce(s.title, excluded.title),
       status = 'active',
       last_active_at = excluded.last_active_at,
@@ -315,13 +319,13 @@ begin
   if p_embedding is not null then
     insert into memchat.message_embeddings
         (message_id, user_id, session_id, agent_name, created_at, model, embedding)
-    values (v_ids[1], v_uid, p_session_id, v_session.agent_name, now(), p_embedding_model,
+    values (v_ids[1], v_uid, p_session_id, v_session.agent_name, v_now, p_embedding_model,
             p_embedding);
   end if;
 
   insert into public.user_agent_active_sessions as a
       (user_id, agent_name, active_session_id, last_active_at)
-  values (v_uid, v_session.agent_name, p_session_id, now())
+  values (v_uid, v_session.agent_name, p_session_id, v_now)
   on conflict (user_id, agent_name) do update set
       active_session_id = excluded.active_session_id,
       last_active_at = excluded.last_active_at;
@@ -339,7 +343,7 @@ begin
      and v_session.message_count - v_session.summary_covers_count >= p_due_after then
     insert into memchat.summary_queue as q (session_id, user_id)
     values (p_session_id, v_uid)
-    on conflict (session_id, user_id) do update set attempts = 0, next_attempt_at = now()
+    on conflict (session_id, user_id) do update set attempts = 0, next_attempt_at = v_now
      where q.next_attempt_at = 'infinity';
   end if;
 

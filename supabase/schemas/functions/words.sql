@@ -91,6 +91,8 @@ language plpgsql
 set search_path = ''
 as $$
 declare
+  -- now() itself in ON CONFLICT DO UPDATE: refused by Citus (docs/deploy.md).
+  v_now timestamptz := now();
   v_message jsonb;
   v_answer text;
 begin
@@ -118,7 +120,7 @@ begin
   new.facts_model := null;
   insert into memchat.embedding_queue as q (session_id, user_id)
   values (new.session_id, new.user_id)
-  on conflict (session_id, user_id) do update set attempts = 0, next_attempt_at = now()
+  on conflict (session_id, user_id) do update set attempts = 0, next_attempt_at = v_now
    where q.next_attempt_at = 'infinity';
   return new;
 end
