@@ -6,32 +6,15 @@ workers, which every distributed statement needs there."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
-
 import psycopg
-import pytest
 
 from memchat.store.migrations import discover, migrate
-from tests.utils.citus_cluster import CitusCluster, citus_cluster
+from tests.utils.citus_cluster import CitusCluster
 
 # The login roles memchat's statements run as, and its schemas.
 ROLES = ("memchat_user", "memchat_worker", "memchat_cleanup", "authenticated")
 SCHEMAS = ("memchat", "auth", "extensions")
 VECTOR = "select extversion from pg_extension where extname = 'vector'"
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[CitusCluster]:
-    # Outside pytest's temporary directories: see tests/utils/citus_cluster.py.
-    home = Path(tempfile.mkdtemp(prefix="memchat-test-citus-"))
-    try:
-        with citus_cluster(home) as running:
-            yield running
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def one(url: str, query: str, *params: object) -> object:

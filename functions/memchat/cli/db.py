@@ -1,7 +1,7 @@
 """`memchat db status|stop` (the embedded PostgreSQL), `memchat db reembed`
 (the stored embeddings: their column's size, and every message embedded with
-the configured model), `memchat db diff` (a migration from the schema files)
-and `memchat migrate`."""
+the configured model), `memchat db diff` (a migration from the schema files),
+`memchat db distribute` (the tables on Citus) and `memchat migrate`."""
 
 from __future__ import annotations
 
@@ -30,6 +30,20 @@ reembed: the stored embeddings, on DATABASE_URL (or the embedded server).
 
 diff: the migration that makes supabase/migrations agree with
 supabase/schemas, written for what can be written from their difference.
+
+distribute: memchat's tables on the Citus coordinator at DATABASE_URL.
+"""
+
+DISTRIBUTE_DESCRIPTION = """\
+On a Citus coordinator (DATABASE_URL, the owner's connection, migrated with
+`memchat migrate`): make every table of a user's rows a distributed table,
+hash-distributed by user_id and co-located with public.chat_sessions, and
+the small shared tables (auth.users, the limits, the word statistics, the
+analytics key) reference tables, in one transaction. On the way it gives the
+policies the form Citus takes (supabase/citus/policies.sql), keeps the
+foreign keys and triggers, and sets what the login roles need on Citus
+(docs/deploy.md, "Citus"). Run again, it moves nothing. Where the database
+has no citus extension it refuses (exit code 2) and changes nothing.
 """
 
 REEMBED_DESCRIPTION = """\
@@ -91,6 +105,29 @@ def cmd_db(args: argparse.Namespace) -> int:
         print(f"not running: {devdb.data_dir()} (nothing to stop)")
     else:
         print(f"stopped (pid {pid}): {devdb.data_dir()}")
+    return 0
+
+
+def cmd_distribute(args: argparse.Namespace) -> int:
+    from memchat.store.distribute import NotCitus, distribute
+
+    if "DATABASE_URL" not in os.environ:
+        err("DATABASE_URL is not set: `memchat db distribute` needs a Citus coordinator")
+        return 2
+    try:
+        done = distribute(database_url())
+    except NotCitus as exc:
+        err(f"db distribute: {exc}")
+        return 2
+    if not done.changed:
+        print(f"Citus {done.citus_version}: every table already in place")
+        return 0
+    print(
+        f"Citus {done.citus_version}: {len(done.distributed)} tables distributed by user_id,"
+        f" {len(done.reference)} reference tables"
+    )
+    for table in (*done.distributed, *done.reference):
+        print(f"  {table}")
     return 0
 
 
@@ -409,6 +446,13 @@ def register(commands: Subcommands) -> None:
         help="the supabase directory (config.toml, schemas/, migrations/); default the project's",
     )
     diff.set_defaults(func=cmd_db_diff)
+
+    db_sub.add_parser(
+        "distribute",
+        help="on a Citus coordinator (DATABASE_URL): distribute the users' tables by user_id",
+        description=DISTRIBUTE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).set_defaults(func=cmd_distribute)
 
     mig = commands.add_parser("migrate", help="apply supabase/migrations to DATABASE_URL")
     mig.set_defaults(func=cmd_migrate)

@@ -1,0 +1,314 @@
+"""memchat on Citus: `memchat db distribute` (docs/deploy.md, "Citus").
+
+The migrations build the same schema on Citus's coordinator as on plain
+PostgreSQL. This step then makes every table of a user's rows a distributed
+table, hash-distributed by `user_id` and co-located with `chat_sessions`
+(a user's rows of every table live in one shard group, on one node), and the
+small shared tables reference tables (a copy on every node). What it changes
+on the way, in one transaction:
+
+- the policies: Citus refuses subqueries in a distributed table's policies,
+  so `(select auth.uid())` becomes `auth.uid()` and the checks with an
+  EXISTS take the form `supabase/citus/policies.sql` gives them;
+- the foreign keys: dropped while the tables move, then made again between
+  the distributed tables and to the reference ones (Citus enforces both);
+- the triggers: kept (`citus.enable_unsafe_triggers`; each runs on the
+  shard of its row);
+- the login roles: `citus.propagate_set_commands = 'local'`, so the claims
+  a request sets (memchat.begin_request) reach every worker it touches, and
+  custom plans only (`plan_cache_mode`, the functions' too), which Citus
+  prunes to the caller's shard;
+- `memchat_user` may log in: Citus opens a worker connection as the role the
+  statement runs as (docs/deploy.md says who may connect);
+- identity columns: who may insert a row may insert its id, which Citus
+  takes on the coordinator and sends to the shard.
+
+Run it again and it does nothing; run it where Citus is absent and it
+refuses (NotCitus). The migrations must have been applied first.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from memchat.store.db import REQUEST_ROLE, connect
+from memchat.store.migrations import SUPABASE_DIR, discover
+
+CITUS_POLICIES = SUPABASE_DIR / "citus" / "policies.sql"
+
+# Tables read by every user and written rarely: a copy on every node.
+REFERENCE_TABLES = (
+    "auth.users",
+    "memchat.limits",
+    "memchat.analytics_key",
+    "memchat.word_statistics",
+    "memchat.common_words",
+)
+# A user's rows, distributed by user_id; the first is the co-location group's.
+DISTRIBUTED_TABLES = (
+    "public.chat_sessions",
+    "public.user_agent_active_sessions",
+    "public.chat_message_history",
+    "public.agent_long_term_memory",
+    "memchat.notes_versions",
+    "memchat.rate_buckets",
+    "memchat.turn_claims",
+    "memchat.summary_queue",
+    "memchat.embedding_queue",
+    "memchat.message_feedback",
+    "memchat.message_facts_made",
+    "memchat.memories",
+    "memchat.forgotten_memories",
+    "memchat.message_embeddings",
+    "memchat.message_facts",
+)
+DISTRIBUTION_COLUMN = "user_id"
+# The login roles of memchat's statements: their sessions get these settings.
+LOGIN_ROLES = ("memchat_api", "memchat_worker", "memchat_cleanup")
+SESSION_SETTINGS = (
+    # A transaction block's SET LOCAL goes to the workers it reaches: the
+    # claims a request sets (memchat.begin_request).
+    ("citus.propagate_set_commands", "local"),
+    # Citus prunes to one shard by the value of user_id: a generic plan
+    # (PostgreSQL's choice after a statement's fifth run in a session, or a
+    # function's plan_cache_mode) cannot be planned distributed when it
+    # joins tables, and crashes the server in ON CONFLICT DO UPDATE
+    # (docs/deploy.md, "Citus").
+    ("plan_cache_mode", "force_custom_plan"),
+)
+
+# Supabase's recommended form, which Citus refuses in a distributed table's policy.
+_SELECT_UID = re.compile(r"\(\s*SELECT\s+auth\.uid\(\)\s+AS\s+uid\s*\)", re.IGNORECASE)
+_SUBQUERY = re.compile(r"\bSELECT\b", re.IGNORECASE)
+
+
+class NotCitus(RuntimeError):
+    """The database is not a Citus coordinator (or is not ready for this step)."""
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """What `distribute` did: the tables it made reference and distributed
+    tables (empty: they already were)."""
+
+    citus_version: str
+    reference: tuple[str, ...]
+    distributed: tuple[str, ...]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.reference or self.distributed)
+
+
+def citus_version(conn: psycopg.Connection[Any]) -> str | None:
+    """The citus extension's version on this database, None without it."""
+    row = conn.execute("select extversion from pg_extension where extname = 'citus'").fetchone()
+    return str(row[0]) if row else None
+
+
+def placed(conn: psycopg.Connection[Any]) -> dict[str, str]:
+    """memchat's tables Citus holds, by name: 'reference' or 'distributed'."""
+    rows = conn.execute(
+        """
+        select p.logicalrelid::regclass::text,
+               case when p.partmethod = 'n' then 'reference' else 'distributed' end
+          from pg_dist_partition p
+         where p.logicalrelid::regclass::text = any(%s)
+        """,
+        ([*(_display(t) for t in REFERENCE_TABLES), *(_display(t) for t in DISTRIBUTED_TABLES)],),
+    ).fetchall()
+    return {_qualified(name): kind for name, kind in rows}
+
+
+def _display(table: str) -> str:
+    """A table's name as regclass prints it (public's without the schema)."""
+    return table.removeprefix("public.")
+
+
+def _qualified(name: str) -> str:
+    return name if "." in name else f"public.{name}"
+
+
+def _table(name: str) -> sql.Identifier:
+    schema, table = name.split(".")
+    return sql.Identifier(schema, table)
+
+
+def distribute(conninfo: str) -> Distribution:
+    """Distribute memchat's tables on the Citus coordinator at `conninfo` (its
+    owner's connection: the migrations' rights). Idempotent."""
+    with connect(conninfo) as conn:
+        version = citus_version(conn)
+        if version is None:
+            raise NotCitus(
+                "this database has no citus extension: `memchat db distribute` runs on a"
+                " Citus coordinator (docs/deploy.md, \"Citus\")"
+            )
+        _require_migrated(conn)
+        before = placed(conn)
+        todo_reference = tuple(t for t in REFERENCE_TABLES if t not in before)
+        todo_distributed = tuple(t for t in DISTRIBUTED_TABLES if t not in before)
+        with conn.transaction():
+            conn.execute("set local citus.enable_unsafe_triggers = on")
+            # Foreign keys to reference tables: one connection per node.
+            conn.execute("set local citus.multi_shard_modify_mode = 'sequential'")
+            if todo_reference or todo_distributed:
+                keys = _drop_foreign_keys(conn)
+                _rewrite_policies(conn)
+                for table in todo_reference:
+                    conn.execute("select create_reference_table(%s)", (table,))
+                for table in todo_distributed:
+                    anchor = DISTRIBUTED_TABLES[0]
+                    conn.execute(
+                        "select create_distributed_table(%s, %s, colocate_with => %s)",
+                        (table, DISTRIBUTION_COLUMN, "none" if table == anchor else anchor),
+                    )
+                for table, name, definition in keys:
+                    conn.execute(
+                        sql.SQL("alter table {} add constraint {} {}").format(
+                            _table(table), sql.Identifier(name), sql.SQL(definition)
+                        )
+                    )
+            _set_sessions(conn)
+            _grant_identity_columns(conn)
+    return Distribution(version, todo_reference, todo_distributed)
+
+
+def _require_migrated(conn: psycopg.Connection[Any]) -> None:
+    applied = {
+        row[0]
+        for row in conn.execute(
+            "select version from supabase_migrations.schema_migrations"
+            " where to_regclass('supabase_migrations.schema_migrations') is not null"
+        ).fetchall()
+    }
+    missing = [m.version for m in discover() if m.version not in applied]
+    if missing:
+        raise NotCitus(
+            f"{len(missing)} migration(s) not applied ({', '.join(missing)}):"
+            " run `memchat migrate` first"
+        )
+
+
+def _drop_foreign_keys(conn: psycopg.Connection[Any]) -> list[tuple[str, str, str]]:
+    """Drops the foreign keys of memchat's tables (Citus cannot move a table
+    another local table references): their tables, names and definitions."""
+    tables = [*REFERENCE_TABLES, *DISTRIBUTED_TABLES]
+    rows = conn.execute(
+        """
+        select n.nspname || '.' || c.relname, k.conname, pg_get_constraintdef(k.oid)
+          from pg_constraint k
+          join pg_class c on c.oid = k.conrelid
+          join pg_namespace n on n.oid = c.relnamespace
+         where k.contype = 'f' and k.conparentid = 0
+           and n.nspname || '.' || c.relname = any(%s)
+         order by 1, 2
+        """,
+        (tables,),
+    ).fetchall()
+    for table, name, _ in rows:
+        conn.execute(
+            sql.SQL("alter table {} drop constraint {}").format(_table(table), sql.Identifier(name))
+        )
+    return [(str(t), str(n), str(d)) for t, n, d in rows]
+
+
+def _rewrite_policies(conn: psycopg.Connection[Any]) -> None:
+    """The policies of the tables to distribute, in the form Citus takes."""
+    conn.execute(CITUS_POLICIES.read_text())
+    rows = conn.execute(
+        """
+        select schemaname || '.' || tablename, policyname, qual, with_check
+          from pg_policies
+         where schemaname || '.' || tablename = any(%s)
+         order by 1, 2
+        """,
+        (list(DISTRIBUTED_TABLES),),
+    ).fetchall()
+    for table, name, using, check in rows:
+        parts = []
+        for clause, expression in (("using", using), ("with check", check)):
+            if expression is None:
+                continue
+            rewritten = _SELECT_UID.sub("auth.uid()", expression)
+            if _SUBQUERY.search(rewritten):
+                raise NotCitus(
+                    f"policy {name} on {table} has a subquery Citus refuses:"
+                    f" give it a form in {CITUS_POLICIES.relative_to(SUPABASE_DIR.parent)}"
+                )
+            if rewritten != expression:
+                parts.append(sql.SQL(clause + " ({})").format(sql.SQL(rewritten)))
+        if parts:
+            conn.execute(
+                sql.SQL("alter policy {} on {} {}").format(
+                    sql.Identifier(name), _table(table), sql.SQL(" ").join(parts)
+                )
+            )
+
+
+def _set_sessions(conn: psycopg.Connection[Any]) -> None:
+    """The login roles' SESSION_SETTINGS; the functions that force a generic
+    plan on plain PostgreSQL plan each call for its values instead;
+    `memchat_user` may log in (Citus connects to the workers as it)."""
+    for role in LOGIN_ROLES:
+        for name, value in SESSION_SETTINGS:
+            conn.execute(
+                sql.SQL("alter role {} set {} = {}").format(
+                    sql.Identifier(role), sql.Identifier(*name.split(".")), sql.Literal(value)
+                )
+            )
+    generic = conn.execute(
+        """
+        select p.oid::regprocedure::text from pg_proc p
+         where p.pronamespace = 'memchat'::regnamespace
+           and 'plan_cache_mode=force_generic_plan' = any(p.proconfig)
+         order by 1
+        """
+    ).fetchall()
+    for (function,) in generic:
+        conn.execute(
+            sql.SQL("alter function {} set plan_cache_mode = force_custom_plan").format(
+                sql.SQL(function)
+            )
+        )
+    conn.execute(sql.SQL("alter role {} login").format(sql.Identifier(REQUEST_ROLE)))
+
+
+def _grant_identity_columns(conn: psycopg.Connection[Any]) -> None:
+    """Citus takes an identity column's value on the coordinator and sends
+    it in the shard's INSERT: whoever may insert into the table may insert
+    that column too (its values still come from the identity)."""
+    rows = conn.execute(
+        """
+        select n.nspname, c.relname, a.attname, r.rolname
+          from pg_attribute a
+          join pg_class c on c.oid = a.attrelid
+          join pg_namespace n on n.oid = c.relnamespace
+          cross join pg_roles r
+         where a.attidentity <> '' and not a.attisdropped
+           and n.nspname || '.' || c.relname = any(%s)
+           and r.rolname !~ '^pg_'
+           and has_any_column_privilege(r.oid, c.oid, 'INSERT')
+           and not has_column_privilege(r.oid, c.oid, a.attnum, 'INSERT')
+         order by 1, 2, 3, 4
+        """,
+        (list(DISTRIBUTED_TABLES),),
+    ).fetchall()
+    for schema, table, column, role in rows:
+        conn.execute(
+            sql.SQL("grant insert ({}) on {} to {}").format(
+                sql.Identifier(column), sql.Identifier(schema, table), sql.Identifier(role)
+            )
+        )
+
+
+def distributed_tables(conninfo: str) -> dict[str, str]:
+    """memchat's tables on Citus (`placed`), from a connection of its own."""
+    with connect(conninfo) as conn:
+        return placed(conn) if citus_version(conn) else {}
+

@@ -1,0 +1,269 @@
+"""`memchat db distribute` on a real Citus cluster, and what a request then
+sees: the user tables distributed by user_id in one co-location group, the
+shared ones reference tables, foreign keys and policies in place; the
+caller's claims reach the workers, where row-level security keeps users
+apart on the shards; a turn is recorded and read back. On plain PostgreSQL
+the step refuses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from memchat import store
+from memchat.store.db import Database
+from memchat.store.distribute import (
+    DISTRIBUTED_TABLES,
+    LOGIN_ROLES,
+    REFERENCE_TABLES,
+    NotCitus,
+    distribute,
+    placed,
+)
+from memchat.store.migrations import migrate
+from tests.utils.citus_cluster import CitusCluster
+from tests.utils.store_data import become, exchange, record
+from tests.utils.users import UserFactory
+
+# The foreign keys of memchat's tables (not of the shards the coordinator holds).
+FOREIGN_KEYS = """
+    select k.conrelid::regclass::text, k.conname, pg_get_constraintdef(k.oid)
+      from pg_constraint k
+     where k.contype = 'f' and k.conparentid = 0
+       and k.conrelid = any(%s::regclass[])
+     order by 1, 2
+"""
+POLICIES = """
+    select schemaname || '.' || tablename, policyname, cmd, roles from pg_policies
+     where schemaname in ('public', 'memchat', 'auth') order by 1, 2
+"""
+TABLES = [*REFERENCE_TABLES, *DISTRIBUTED_TABLES]
+
+
+@pytest.fixture(scope="module")
+def coordinator(cluster: CitusCluster) -> Iterator[psycopg.Connection]:
+    """The coordinator's owner connection, on a migrated cluster (not yet
+    distributed: the first test distributes it)."""
+    migrate(cluster.coordinator_url)
+    with psycopg.connect(cluster.coordinator_url, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture(scope="module")
+def distributed(cluster: CitusCluster, coordinator: psycopg.Connection) -> CitusCluster:
+    distribute(cluster.coordinator_url)
+    return cluster
+
+
+@pytest.fixture
+async def api_db(distributed: CitusCluster) -> AsyncIterator[Database]:
+    """The API's connection to the coordinator: `memchat_api`, trusted on 127.0.0.1."""
+    url = distributed.coordinator_url.replace("postgres@", "memchat_api@", 1)
+    database = Database(url, max_connections=4)
+    yield database
+    await database.close()
+
+
+@pytest.fixture(scope="module")
+def citus_users(coordinator: psycopg.Connection) -> UserFactory:
+    return UserFactory(coordinator)
+
+
+def test_distribute_refuses_a_database_without_citus(admin_url: str) -> None:
+    with pytest.raises(NotCitus, match="no citus extension"):
+        distribute(admin_url)
+
+
+def test_distribute_places_every_table_once_and_keeps_the_keys(
+    cluster: CitusCluster, coordinator: psycopg.Connection
+) -> None:
+    keys_before = coordinator.execute(FOREIGN_KEYS, (TABLES,)).fetchall()
+    policies_before = coordinator.execute(POLICIES).fetchall()
+    assert placed(coordinator) == {}
+    done = distribute(cluster.coordinator_url)
+    assert done.changed
+    assert set(done.distributed) == set(DISTRIBUTED_TABLES)
+    assert set(done.reference) == set(REFERENCE_TABLES)
+    kinds = placed(coordinator)
+    assert {t for t, kind in kinds.items() if kind == "distributed"} == set(DISTRIBUTED_TABLES)
+    assert {t for t, kind in kinds.items() if kind == "reference"} == set(REFERENCE_TABLES)
+    # One co-location group, distributed by user_id.
+    rows = coordinator.execute(
+        "select distinct colocation_id, distribution_column from citus_tables"
+        " where citus_table_type = 'distributed'"
+    ).fetchall()
+    assert rows == [(rows[0][0], "user_id")]
+    assert coordinator.execute(FOREIGN_KEYS, (TABLES,)).fetchall() == keys_before
+    # The same policies, for the same commands and roles, but the cleanup's
+    # count of expired sessions' messages (supabase/citus/policies.sql).
+    assert coordinator.execute(POLICIES).fetchall() == [
+        p for p in policies_before if p[1] != "messages_cleanup_count"
+    ]
+    # Run again: nothing moves.
+    again = distribute(cluster.coordinator_url)
+    assert not again.changed and again.citus_version == done.citus_version
+
+
+def test_no_policy_of_a_distributed_table_holds_a_subquery(
+    distributed: CitusCluster, coordinator: psycopg.Connection
+) -> None:
+    rows = coordinator.execute(
+        "select schemaname || '.' || tablename, policyname from pg_policies"
+        " where schemaname || '.' || tablename = any(%s)"
+        "   and (coalesce(qual, '') ~* 'select' or coalesce(with_check, '') ~* 'select')",
+        (list(DISTRIBUTED_TABLES),),
+    ).fetchall()
+    assert rows == []
+
+
+def test_the_login_roles_plan_for_the_callers_shard(
+    distributed: CitusCluster, coordinator: psycopg.Connection
+) -> None:
+    for role in LOGIN_ROLES:
+        (config,) = coordinator.execute(
+            "select rolconfig from pg_roles where rolname = %s", (role,)
+        ).fetchone() or (None,)
+        assert "citus.propagate_set_commands=local" in config, role
+        assert "plan_cache_mode=force_custom_plan" in config, role
+    generic = coordinator.execute(
+        "select count(*) from pg_proc where pronamespace = 'memchat'::regnamespace"
+        " and 'plan_cache_mode=force_generic_plan' = any(proconfig)"
+    ).fetchone()
+    assert generic == (0,)
+    for url in distributed.worker_urls:
+        with psycopg.connect(url, autocommit=True) as worker:
+            login = worker.execute(
+                "select rolcanlogin from pg_roles where rolname = 'memchat_user'"
+            ).fetchone()
+        assert login == (True,)
+
+
+async def _sessions_seen(db: Database, claims: dict[str, Any]) -> int:
+    return int(await db.value(claims, "select count(*) from public.chat_sessions"))
+
+
+async def test_a_request_sees_its_own_rows_on_the_shards(
+    api_db: Database, citus_users: UserFactory
+) -> None:
+    alice, bob = citus_users.create(), citus_users.create()
+    await api_db.value(
+        alice.claims,
+        "insert into public.chat_sessions (id, user_id, agent_name, expires_at)"
+        " values (%s, %s, 'default', now() + interval '1 hour') returning id",
+        (uuid.uuid4(), alice.user_id),
+    )
+    assert await _sessions_seen(api_db, alice.claims) == 1
+    assert await _sessions_seen(api_db, bob.claims) == 0
+
+
+def test_the_claims_reach_the_workers_only_as_set_local(
+    distributed: CitusCluster, citus_users: UserFactory
+) -> None:
+    """The same request with the claims' propagation off: the shards see no
+    caller, and row-level security there hides the caller's own row."""
+    frank = citus_users.create()
+    url = distributed.coordinator_url.replace("postgres@", "memchat_api@", 1)
+    seen = {}
+    for propagate in ("local", "none"):
+        with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+            conn.execute(
+                psycopg.sql.SQL("set local citus.propagate_set_commands = {}").format(
+                    psycopg.sql.Literal(propagate)
+                )
+            )
+            become(conn, frank.claims)
+            if propagate == "local":
+                conn.execute(
+                    "insert into public.chat_sessions (id, user_id, agent_name, expires_at)"
+                    " values (%s, %s, 'default', now() + interval '1 hour')",
+                    (uuid.uuid4(), frank.user_id),
+                )
+            row = conn.execute(
+                "select count(*) from public.chat_sessions where user_id = %s", (frank.user_id,)
+            ).fetchone()
+            seen[propagate] = row[0] if row else None
+    assert seen == {"local": 1, "none": 0}
+
+
+def test_on_a_worker_a_users_statement_sees_only_that_users_rows(
+    distributed: CitusCluster, coordinator: psycopg.Connection, citus_users: UserFactory
+) -> None:
+    carol, dave = citus_users.create(), citus_users.create()
+    for user in (carol, dave):
+        coordinator.execute(
+            "insert into public.chat_sessions (id, user_id, agent_name, expires_at)"
+            " values (%s, %s, 'default', now() + interval '1 hour')",
+            (uuid.uuid4(), user.user_id),
+        )
+    # The shard holding carol's sessions, and the worker that holds it.
+    shard, port = coordinator.execute(
+        "select s.shard_name, s.nodeport from citus_shards s"
+        " where s.table_name = 'public.chat_sessions'::regclass"
+        "   and s.shardid = get_shard_id_for_distribution_column('public.chat_sessions', %s)",
+        (carol.user_id,),
+    ).fetchone() or (None, None)
+    worker = next(url for url in distributed.worker_urls if f":{port}/" in url)
+    seen = {}
+    for caller in (carol, dave):
+        with psycopg.connect(worker, autocommit=True) as conn, conn.transaction():
+            become(conn, caller.claims)
+            rows = conn.execute(
+                psycopg.sql.SQL("select user_id from {}").format(psycopg.sql.Identifier(shard))
+            ).fetchall()
+        seen[caller.user_id] = {row[0] for row in rows}
+    assert seen[carol.user_id] == {carol.user_id}
+    # dave's session may share carol's shard: there he sees his own alone.
+    assert seen[dave.user_id] <= {dave.user_id}
+
+
+async def test_a_turn_is_recorded_and_read_back_on_citus(
+    api_db: Database, citus_users: UserFactory, coordinator: psycopg.Connection
+) -> None:
+    erin = citus_users.create()
+    info = await record(api_db, erin, exchange("I like green tea", "Noted: green tea."))
+    assert info.message_count == 2 and len(info.message_ids) == 2
+    again = await record(
+        api_db, erin, exchange("and oolong", "Noted: oolong too."), session_id=info.id
+    )
+    assert again.id == info.id and again.message_count == 4
+    context = await store.load_context(
+        api_db, erin, session_id=info.id, agent_name="default", window=10
+    )
+    assert context.session is not None and context.session.id == info.id
+    assert [m["data"]["content"] for m in context.messages] == [
+        "I like green tea",
+        "Noted: green tea.",
+        "and oolong",
+        "Noted: oolong too.",
+    ]
+
+
+def _distribute_command(url: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "SUPABASE_"))}
+    env["DATABASE_URL"] = url
+    return subprocess.run(
+        [sys.executable, "-m", "memchat.cli", "db", "distribute"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_the_command_refuses_plain_postgresql_and_is_idempotent_on_citus(
+    admin_url: str, distributed: CitusCluster
+) -> None:
+    refused = _distribute_command(admin_url)
+    assert refused.returncode == 2, refused.stderr
+    assert "no citus extension" in refused.stderr
+    again = _distribute_command(distributed.coordinator_url)
+    assert again.returncode == 0, again.stderr
+    assert "every table already in place" in again.stdout
