@@ -34,17 +34,17 @@ select coalesce(seq_scan, 0), coalesce(seq_tup_read, 0), coalesce(idx_scan, 0),
 LOOKUPS: dict[str, tuple[Query, Any]] = {
     "load a turn": (
         store.turns.LOAD_CONTEXT,
-        lambda sid: (sid, "default", 10, True, None, None, 0, 1, 0, 0),
+        lambda uid, sid: (sid, "default", 10, True, None, None, 0, 1, 0, 0),
     ),
-    "export a session": (store.export._SESSION, lambda sid: (sid,)),
-    "session stats": ("select memchat.session_stats(%s)", lambda sid: (sid,)),
+    "export a session": (store.export._SESSION, lambda uid, sid: (uid, sid)),
+    "session stats": ("select memchat.session_stats(%s)", lambda uid, sid: (sid,)),
     "clear a session": (
         store.sessions._CLEAR_LOCK,
-        lambda sid: {"session_id": sid, "agent_name": "default"},
+        lambda uid, sid: {"user_id": uid, "session_id": sid, "agent_name": "default"},
     ),
     "recall": (
         store.embeddings.RECALL,
-        lambda sid: store.embeddings.recall_params(
+        lambda uid, sid: store.embeddings.recall_params(
             store.RecallQuery(
                 session_id=sid,
                 agent_name="default",
@@ -80,9 +80,10 @@ def test_someone_elses_id_reads_what_an_unknown_id_reads(
     # Once each first: a session's first call may plan its statements (recall
     # runs generic plans, supabase/schemas/functions/partitions.sql), and the plans are
     # the same whichever id comes; what is compared is the lookup itself.
-    reads(conn, claims, query, params(uuid.uuid4()))
-    reads(conn, claims, query, params(world.a_session))
-    someone_elses = reads(conn, claims, query, params(world.a_session))
-    nobodys = reads(conn, claims, query, params(uuid.uuid4()))
+    b = world.b.user_id
+    reads(conn, claims, query, params(b, uuid.uuid4()))
+    reads(conn, claims, query, params(b, world.a_session))
+    someone_elses = reads(conn, claims, query, params(b, world.a_session))
+    nobodys = reads(conn, claims, query, params(b, uuid.uuid4()))
     assert someone_elses == nobodys
     assert someone_elses[:2] == (0, 0)  # never a sequential scan

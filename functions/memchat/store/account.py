@@ -32,11 +32,12 @@ async def delete_user_data(db: Database, caller: Caller) -> dict[str, int]:
             cursors[key] = conn.cursor()
             await cursors[key].execute(
                 sql.SQL(
-                    "with d as (delete from {} where user_id = (select auth.uid())"
-                    " returning 1) select count(*) from d"
-                ).format(sql.Identifier(*table))
+                    "with d as (delete from {} where user_id = %s returning 1)"
+                    " select count(*) from d"
+                ).format(sql.Identifier(*table)),
+                (caller.user_id,),
             )
-        await conn.execute("delete from memchat.turn_claims where user_id = (select auth.uid())")
+        await conn.execute("delete from memchat.turn_claims where user_id = %s", (caller.user_id,))
     counts = {}
     for key, cur in cursors.items():
         row = await cur.fetchone()

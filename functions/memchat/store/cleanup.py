@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 # Locks a batch of expired sessions, skipping any a live turn holds; the
 # lock re-reads expires_at, so a session a turn has just extended drops out.
@@ -50,7 +51,8 @@ select count(*), coalesce(sum((select count(*) from public.chat_message_history 
 
 # The deleted sessions' memories are kept this many days past each one's
 # expiry (trigger chat_sessions_memories: supabase/schemas/functions/memories.sql).
-_RETENTION = "select set_config('memchat.memory_retention_days', %s, true)"
+# SET LOCAL: on Citus it reaches the workers, where the trigger runs.
+_RETENTION = sql.SQL("set local memchat.memory_retention_days = {}")
 
 
 def expire_sessions_batch(
@@ -65,7 +67,7 @@ def expire_sessions_batch(
     with conn.transaction():
         # Never queue behind a user's own writes for long; the next run resumes.
         conn.execute("set local lock_timeout = '5s'")
-        conn.execute(_RETENTION, (str(retention_days),))
+        conn.execute(_RETENTION.format(sql.Literal(str(retention_days))))
         sessions = conn.execute(_EXPIRE_BATCH, {"batch": batch}).fetchone()
         messages = conn.execute(_DELETED_MESSAGES).fetchone()
     assert sessions is not None and messages is not None

@@ -45,20 +45,19 @@ MESSAGE_BATCH = 2000
 SESSION_BATCH = 500
 
 _SESSION = sql.SQL(
-    "select {session} from public.chat_sessions s"
-    " where s.user_id = (select auth.uid()) and s.id = %s"
+    "select {session} from public.chat_sessions s where s.user_id = %s and s.id = %s"
 ).format(session=sql.SQL(SESSION_JSON))
 
 _MESSAGES = sql.SQL(
     "select h.id, {message} from public.chat_message_history h"
-    " left join memchat.message_feedback f on f.message_id = h.id"
-    " where h.user_id = (select auth.uid()) and h.session_id = %s and h.id > %s"
+    " left join memchat.message_feedback f on f.message_id = h.id and f.user_id = h.user_id"
+    " where h.user_id = %s and h.session_id = %s and h.id > %s"
     " order by h.id limit %s"
 ).format(message=_MESSAGE_EXPORT_JSON)
 
 _SESSIONS = sql.SQL(
     "select {session}, s.created_at, s.id from public.chat_sessions s"
-    " where s.user_id = (select auth.uid())"
+    " where s.user_id = %(user_id)s"
     "   and (%(after_at)s::timestamptz is null"
     "        or (s.created_at, s.id) > (%(after_at)s::timestamptz, %(after_id)s::uuid))"
     " order by s.created_at, s.id limit %(limit)s"
@@ -69,7 +68,7 @@ select coalesce(jsonb_agg(jsonb_build_object(
          'agent_name', a.agent_name, 'active_session_id', a.active_session_id,
          'last_active_at', a.last_active_at, 'created_at', a.created_at)
          order by a.agent_name), '[]'::jsonb)
-  from public.user_agent_active_sessions a where a.user_id = (select auth.uid())
+  from public.user_agent_active_sessions a where a.user_id = %s
 """
 
 _NOTES = """
@@ -82,7 +81,7 @@ select coalesce(jsonb_agg(jsonb_build_object(
           where v.user_id = m.user_id and v.agent_name = m.agent_name
             and v.version < m.version))
          order by m.agent_name), '[]'::jsonb)
-  from public.agent_long_term_memory m where m.user_id = (select auth.uid())
+  from public.agent_long_term_memory m where m.user_id = %s
 """
 
 
@@ -96,7 +95,7 @@ select jsonb_build_object(
          'created_at', m.created_at, 'expires_at', m.expires_at)::text,
        m.created_at, m.message_id, m.ordinal
   from memchat.memories m
- where m.user_id = (select auth.uid())
+ where m.user_id = %(user_id)s
    and (%(after_at)s::timestamptz is null
         or (m.created_at, m.message_id, m.ordinal)
            > (%(after_at)s::timestamptz, %(after_message)s::bigint, %(after_ordinal)s::integer))
@@ -113,18 +112,20 @@ async def snapshot(
     from the caller's `export` bucket for the whole account, else from `read`."""
     bucket = Bucket.EXPORT if whole_account else Bucket.READ
     async with db.transaction(caller.claims, snapshot=True, throttle=bucket) as conn:
-        yield ExportReader(conn)
+        yield ExportReader(conn, caller.user_id)
 
 
 class ExportReader:
-    """Reads of one export's snapshot (see `snapshot`)."""
+    """Reads of one export's snapshot (see `snapshot`), each naming its
+    caller's user_id (on Citus, the shard it is routed to)."""
 
-    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+    def __init__(self, conn: psycopg.AsyncConnection[Any], user_id: uuid.UUID) -> None:
         self._conn = conn
+        self._user_id = user_id
 
     async def session(self, session_id: uuid.UUID) -> SessionInfo | None:
         """One of the caller's sessions (None: the caller has none with that id)."""
-        cur = await self._conn.execute(_SESSION, (session_id,))
+        cur = await self._conn.execute(_SESSION, (self._user_id, session_id))
         row = await cur.fetchone()
         return SessionInfo.from_json(row[0]) if row else None
 
@@ -132,7 +133,7 @@ class ExportReader:
         self, session_id: uuid.UUID, batch: int = MESSAGE_BATCH
     ) -> AsyncIterator[list[str]]:
         """A session's messages as export JSON text, oldest first, in batches."""
-        async for texts in self._by_id(_MESSAGES, (session_id,), batch):
+        async for texts in self._by_id(_MESSAGES, (self._user_id, session_id), batch):
             yield texts
 
     async def memories(self, batch: int = MESSAGE_BATCH) -> AsyncIterator[list[str]]:
@@ -143,6 +144,7 @@ class ExportReader:
             cur = await self._conn.execute(
                 _MEMORIES,
                 {
+                    "user_id": self._user_id,
                     "after_at": after[0] if after else None,
                     "after_message": after[1] if after else None,
                     "after_ordinal": after[2] if after else None,
@@ -180,6 +182,7 @@ class ExportReader:
             cur = await self._conn.execute(
                 _SESSIONS,
                 {
+                    "user_id": self._user_id,
                     "after_at": after[0] if after else None,
                     "after_id": after[1] if after else None,
                     "limit": batch,
@@ -196,9 +199,9 @@ class ExportReader:
     async def account_extras(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The caller's active-session pointers, and long-term notes with their
         earlier versions."""
-        cur = await self._conn.execute(_ACTIVE_SESSIONS)
+        cur = await self._conn.execute(_ACTIVE_SESSIONS, (self._user_id,))
         pointers = await cur.fetchone()
-        cur = await self._conn.execute(_NOTES)
+        cur = await self._conn.execute(_NOTES, (self._user_id,))
         notes = await cur.fetchone()
         assert pointers is not None and notes is not None
         return pointers[0], notes[0]

@@ -21,21 +21,24 @@ _FEEDBACK_JSON = """jsonb_build_object(
 
 _SET_FEEDBACK = sql.SQL(
     "insert into memchat.message_feedback as f"
-    "   (message_id, user_id, session_id, agent_name, rating, comment)"
-    " select h.id, h.user_id, h.session_id, s.agent_name, %(rating)s, %(comment)s"
+    "   (message_id, user_id, session_id, agent_name, rating, comment, updated_at)"
+    " select h.id, h.user_id, h.session_id, s.agent_name, %(rating)s, %(comment)s, now()"
     "   from public.chat_message_history h"
     "   join public.chat_sessions s on s.id = h.session_id and s.user_id = h.user_id"
-    "  where h.id = %(message_id)s and {answer}"
+    "  where h.user_id = %(user_id)s and h.id = %(message_id)s and {answer}"
+    # excluded's, not now() itself: Citus refuses it in DO UPDATE (docs/deploy.md).
     " on conflict (message_id, user_id) do update"
-    "    set rating = excluded.rating, comment = excluded.comment, updated_at = now()"
+    "    set rating = excluded.rating, comment = excluded.comment,"
+    "        updated_at = excluded.updated_at"
     " returning {feedback}"
 ).format(answer=sql.SQL(FINAL_ANSWER), feedback=sql.SQL(_FEEDBACK_JSON))
 
 _DELETE_FEEDBACK = sql.SQL(
     "with gone as (delete from memchat.message_feedback f"
-    "               where f.message_id = %(message_id)s returning 1)"
+    "               where f.user_id = %(user_id)s and f.message_id = %(message_id)s"
+    "               returning 1)"
     " select exists (select 1 from public.chat_message_history h"
-    "                 where h.id = %(message_id)s and {answer}),"
+    "                 where h.user_id = %(user_id)s and h.id = %(message_id)s and {answer}),"
     "        exists (select 1 from gone)"
 ).format(answer=sql.SQL(FINAL_ANSWER))
 
@@ -45,7 +48,12 @@ async def set_feedback(
 ) -> Feedback | None:
     """Rate one of the caller's answers (replacing an earlier rating); None
     when `message_id` is not one of the caller's final answers."""
-    params = {"message_id": message_id, "rating": rating, "comment": comment}
+    params = {
+        "user_id": caller.user_id,
+        "message_id": message_id,
+        "rating": rating,
+        "comment": comment,
+    }
     try:
         async with db.pipeline(caller.claims, throttle=Bucket.WRITE) as conn:
             cur = conn.cursor()
@@ -63,7 +71,7 @@ async def delete_feedback(db: Database, caller: Caller, message_id: int) -> bool
     when `message_id` is not one of the caller's final answers."""
     async with db.pipeline(caller.claims, throttle=Bucket.WRITE) as conn:
         cur = conn.cursor()
-        await cur.execute(_DELETE_FEEDBACK, {"message_id": message_id})
+        await cur.execute(_DELETE_FEEDBACK, {"user_id": caller.user_id, "message_id": message_id})
     row = await cur.fetchone()
     assert row is not None
     is_answer, deleted = row

@@ -44,7 +44,7 @@ select coalesce(jsonb_agg(x.memory order by x.created_at desc, x.message_id desc
                           x.ordinal desc), '[]'::jsonb)
   from (select m.created_at, m.message_id, m.ordinal, {fields} as memory
           from memchat.memories m
-         where m.user_id = (select auth.uid())
+         where m.user_id = %(user_id)s
            and (%(agent_name)s::text is null or m.agent_name = %(agent_name)s)
            and (%(before_at)s::timestamptz is null
                 or (m.created_at, m.message_id, m.ordinal)
@@ -59,7 +59,7 @@ select coalesce(jsonb_agg({fields} || jsonb_build_object('score', f.score)
   from memchat.search_memories(%(agent_name)s, %(query)s::extensions.vector, %(model)s,
                                %(text)s, %(limit)s, %(min_score)s, false)
        with ordinality f
-  join memchat.memories m on m.id = f.id and m.user_id = (select auth.uid())
+  join memchat.memories m on m.id = f.id and m.user_id = %(user_id)s
 """).format(fields=_FIELDS)
 # The caller's memories of the ids given deleted, each marked forgotten, and
 # with each the memories of its message that hold it or that it holds (a
@@ -68,11 +68,12 @@ select coalesce(jsonb_agg({fields} || jsonb_build_object('score', f.score)
 FORGET = """
 with chosen as (
   select m.id, m.user_id, m.message_id, m.kind, m.text from memchat.memories m
-   where m.user_id = (select auth.uid()) and m.id = any(%s::bigint[])
+   where m.user_id = %(user_id)s and m.id = any(%(ids)s::bigint[])
 ), gone as (
   delete from memchat.memories m
    using chosen c
-   where m.user_id = c.user_id and m.message_id = c.message_id and m.kind = c.kind
+   where m.user_id = %(user_id)s and m.user_id = c.user_id
+     and m.message_id = c.message_id and m.kind = c.kind
      and (strpos(m.text, c.text) > 0 or strpos(c.text, m.text) > 0)
   returning m.id, m.user_id, m.message_id, m.ordinal
 ), marked as (
@@ -321,15 +322,17 @@ async def search_memories(
 async def delete_memory(db: Database, caller: Caller, memory_id: int) -> int:
     """Delete one of the caller's memories (never written again by the
     backfill): 1, or 0 when the caller has none with that id."""
-    return int(await db.value(caller.claims, FORGET, ([memory_id],), throttle=Bucket.WRITE) or 0)
+    params = {"user_id": caller.user_id, "ids": [memory_id]}
+    return int(await db.value(caller.claims, FORGET, params, throttle=Bucket.WRITE) or 0)
 
 
 async def _memories(
     db: Database,
     caller: Caller,
     query: sql.Composed,
-    params: Any,
+    params: dict[str, Any],
     throttle: Bucket | None = None,
 ) -> list[Memory]:
+    params = {**params, "user_id": caller.user_id}
     found = await db.value(caller.claims, query, params, throttle=throttle)
     return [Memory.from_json(item) for item in found or []]

@@ -14,7 +14,7 @@ _SAVE_NOTES = "select memchat.save_notes(%s, %s, %s)"
 _READ_NOTES = """
 select jsonb_build_object('notes', m.notes, 'version', m.version, 'updated_at', m.updated_at)
   from public.agent_long_term_memory m
- where m.user_id = (select auth.uid()) and m.agent_name = %s
+ where m.user_id = %s and m.agent_name = %s
 """
 
 
@@ -22,7 +22,7 @@ async def read_notes(db: Database, caller: Caller, agent_name: str) -> Notes:
     """The caller's notes for an agent (version 0 and "" while there are none)."""
     async with db.pipeline(caller.claims) as conn:
         cur = conn.cursor()
-        await cur.execute(_READ_NOTES, (agent_name,))
+        await cur.execute(_READ_NOTES, (caller.user_id, agent_name))
     row = await cur.fetchone()
     return Notes.from_json(agent_name, row[0] if row else None)
 
@@ -51,7 +51,7 @@ async def _write_notes(
             written = conn.cursor()
             await written.execute(statement, params)
             cur = conn.cursor()
-            await cur.execute(_READ_NOTES, (agent_name,))
+            await cur.execute(_READ_NOTES, (caller.user_id, agent_name))
     except psycopg.Error as exc:
         raise translate(exc) from exc
     result = await written.fetchone()
@@ -62,10 +62,10 @@ async def _write_notes(
 _DELETE_NOTES = """
 with versions as (
   select count(*) as kept from memchat.notes_versions v
-   where v.user_id = (select auth.uid()) and v.agent_name = %(agent_name)s),
+   where v.user_id = %(user_id)s and v.agent_name = %(agent_name)s),
 gone as (
   delete from public.agent_long_term_memory m
-   where m.user_id = (select auth.uid()) and m.agent_name = %(agent_name)s
+   where m.user_id = %(user_id)s and m.agent_name = %(agent_name)s
   returning 1)
 select (select count(*) from gone), (select kept from versions)
 """
@@ -76,7 +76,7 @@ async def delete_notes(db: Database, caller: Caller, agent_name: str) -> tuple[i
     (notes deleted, 0 or 1; versions deleted, the current one included)."""
     async with db.pipeline(caller.claims, throttle=Bucket.WRITE) as conn:
         cur = conn.cursor()
-        await cur.execute(_DELETE_NOTES, {"agent_name": agent_name})
+        await cur.execute(_DELETE_NOTES, {"user_id": caller.user_id, "agent_name": agent_name})
     row = await cur.fetchone()
     assert row is not None
     return int(row[0]), int(row[1]) if row[0] else 0
@@ -84,7 +84,7 @@ async def delete_notes(db: Database, caller: Caller, agent_name: str) -> tuple[i
 
 _NOTES_VERSIONS = """
 select v.version, v.notes, v.created_at from memchat.notes_versions v
- where v.user_id = (select auth.uid()) and v.agent_name = %s
+ where v.user_id = %s and v.agent_name = %s
  order by v.version desc
 """
 
@@ -93,7 +93,7 @@ async def notes_versions(db: Database, caller: Caller, agent_name: str) -> list[
     """The kept versions of the caller's notes for an agent, newest (the current) first."""
     async with db.pipeline(caller.claims) as conn:
         cur = conn.cursor()
-        await cur.execute(_NOTES_VERSIONS, (agent_name,))
+        await cur.execute(_NOTES_VERSIONS, (caller.user_id, agent_name))
     return [NotesVersion(r[0], r[1], r[2]) for r in await cur.fetchall()]
 
 

@@ -22,7 +22,7 @@ insert into public.user_agent_active_sessions as a
     (user_id, agent_name, active_session_id, last_active_at)
 select s.user_id, s.agent_name, s.id, now()
   from public.chat_sessions s
- where s.user_id = (select auth.uid()) and s.id = %(session_id)s
+ where s.user_id = %(user_id)s and s.id = %(session_id)s
 on conflict (user_id, agent_name) do update set
     active_session_id = excluded.active_session_id,
     last_active_at = excluded.last_active_at
@@ -35,28 +35,27 @@ on conflict (user_id, agent_name) do update set
 _CLEAR_LOCK = """
 select s.id, set_config('memchat.clear_target', s.id::text, true)
   from public.chat_sessions s
- where s.user_id = (select auth.uid())
+ where s.user_id = %(user_id)s
    and s.id = coalesce(%(session_id)s::uuid,
        (select a.active_session_id from public.user_agent_active_sessions a
-         where a.user_id = (select auth.uid()) and a.agent_name = %(agent_name)s))
+         where a.user_id = %(user_id)s and a.agent_name = %(agent_name)s))
    for update
 """
 _TARGET = sql.SQL("nullif(current_setting('memchat.clear_target', true), '')::uuid")
 
 _CLEAR_MESSAGES = sql.SQL(
     "with d as (delete from public.chat_message_history h"
-    " where h.user_id = (select auth.uid()) and h.session_id = {target}"
+    " where h.user_id = %(user_id)s and h.session_id = {target}"
     " returning 1) select count(*) from d"
 ).format(target=_TARGET)
 _CLEAR_MARK = sql.SQL(
     "update public.chat_sessions set status = 'cleared', message_count = 0,"
     " title = null, summary = null, summary_covers_until = null,"
     " summary_covers_count = 0, summary_updated_at = null"
-    " where user_id = (select auth.uid()) and id = {target}"
+    " where user_id = %(user_id)s and id = {target}"
 ).format(target=_TARGET)
 _CLEAR_QUEUE = sql.SQL(
-    "delete from memchat.summary_queue"
-    " where user_id = (select auth.uid()) and session_id = {target}"
+    "delete from memchat.summary_queue where user_id = %(user_id)s and session_id = {target}"
 ).format(target=_TARGET)
 _CLEAR_NEW_SESSION = sql.SQL(
     "insert into public.chat_sessions as s (id, user_id, agent_name, expires_at)"
@@ -91,7 +90,9 @@ async def clear_session(
         await conn.execute(_CLEAR_QUEUE, params)
         created = conn.cursor()
         await created.execute(_CLEAR_NEW_SESSION, params)
-        await conn.execute(_POINT_ACTIVE, {"session_id": params["new_id"]})
+        await conn.execute(
+            _POINT_ACTIVE, {"user_id": caller.user_id, "session_id": params["new_id"]}
+        )
     found = await target.fetchone()
     if found is None:
         raise SessionNotFound(
@@ -107,7 +108,7 @@ async def clear_session(
 
 _LIST_SESSIONS = sql.SQL(
     "select {session} from public.chat_sessions s"
-    " where s.user_id = (select auth.uid())"
+    " where s.user_id = %(user_id)s"
     "   and (%(agent_name)s::text is null or s.agent_name = %(agent_name)s::text)"
     "   and (%(before_at)s::timestamptz is null"
     "        or (s.last_active_at, s.id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))"
@@ -117,7 +118,7 @@ _LIST_SESSIONS = sql.SQL(
 _ACTIVE_SESSION = sql.SQL(
     "select {session} from public.user_agent_active_sessions a"
     " join public.chat_sessions s on s.id = a.active_session_id and s.user_id = a.user_id"
-    " where a.user_id = (select auth.uid()) and a.agent_name = %s"
+    " where a.user_id = %s and a.agent_name = %s"
     "   and s.status = 'active' and s.expires_at > now()"
 ).format(session=sql.SQL(SESSION_JSON))
 
@@ -132,6 +133,7 @@ async def list_sessions(
 ) -> list[SessionInfo]:
     """The caller's sessions, most recently active first (keyset pagination)."""
     params = {
+        "user_id": caller.user_id,
         "agent_name": agent_name,
         "limit": limit,
         "before_at": before[0] if before else None,
@@ -147,16 +149,16 @@ async def active_session(db: Database, caller: Caller, agent_name: str) -> Sessi
     """The session a message without session_id continues (None: there is none)."""
     async with db.pipeline(caller.claims) as conn:
         cur = conn.cursor()
-        await cur.execute(_ACTIVE_SESSION, (agent_name,))
+        await cur.execute(_ACTIVE_SESSION, (caller.user_id, agent_name))
     row = await cur.fetchone()
     return SessionInfo.from_json(row[0]) if row else None
 
 
 _AGENT_NAMES = (
-    "select s.agent_name from public.chat_sessions s where s.user_id = (select auth.uid())"
+    "select s.agent_name from public.chat_sessions s where s.user_id = %(user_id)s"
     " union"
     " select m.agent_name from public.agent_long_term_memory m"
-    " where m.user_id = (select auth.uid())"
+    " where m.user_id = %(user_id)s"
     " order by 1"
 )
 
@@ -165,7 +167,7 @@ async def agent_names(db: Database, caller: Caller) -> list[str]:
     """The agents the caller has talked to or has notes for, by name."""
     async with db.pipeline(caller.claims) as conn:
         cur = conn.cursor()
-        await cur.execute(_AGENT_NAMES)
+        await cur.execute(_AGENT_NAMES, {"user_id": caller.user_id})
     return [str(row[0]) for row in await cur.fetchall()]
 
 

@@ -40,9 +40,7 @@ LOAD_CONTEXT = "select memchat.load_context(%s, %s, %s, %s, %s, %s, %s, %s, %s, 
 RECORD_TURN = (
     "select memchat.record_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::extensions.vector, %s, %s)"
 )
-_RELEASE_CLAIM = (
-    "delete from memchat.turn_claims where user_id = (select auth.uid()) and client_message_id = %s"
-)
+_RELEASE_CLAIM = "delete from memchat.turn_claims where user_id = %s and client_message_id = %s"
 # The message a client_message_id is stored on (a turn's first: the user
 # message, or a continuation's first tool result) and the assistant message
 # that ended its turn: the first after it that is not a round of only
@@ -59,7 +57,7 @@ select u.id, u.message->>'type', a.id, a.message
                            where not coalesce(c->>'name' = any(%(own)s), false)))
         order by x.id
         limit 1) a on true
- where u.user_id = (select auth.uid()) and u.session_id = %(session_id)s
+ where u.user_id = %(user_id)s and u.session_id = %(session_id)s
    and u.client_message_id = %(client_message_id)s
 """
 
@@ -180,6 +178,7 @@ async def stored_turn(
     client's tools (a round of only `own_tools` calls went on); None when no
     turn has that key. `Replay.user_message_id` is the keyed message's id."""
     params = {
+        "user_id": caller.user_id,
         "session_id": session_id,
         "client_message_id": client_message_id,
         "own": list(own_tools),
@@ -195,9 +194,9 @@ async def stored_turn(
 # most %(limit)s: a longer turn cannot be continued).
 _OPEN_TURN = """
 select h.message from public.chat_message_history h
- where h.user_id = (select auth.uid()) and h.session_id = %(session_id)s
+ where h.user_id = %(user_id)s and h.session_id = %(session_id)s
    and h.id >= (select x.id from public.chat_message_history x
-                 where x.user_id = (select auth.uid()) and x.session_id = %(session_id)s
+                 where x.user_id = %(user_id)s and x.session_id = %(session_id)s
                    and x.message->>'type' = 'human'
                  order by x.id desc
                  limit 1)
@@ -211,7 +210,7 @@ async def open_turn(db: Database, caller: Caller, session_id: uuid.UUID) -> list
     """The session's last turn as stored (its user message first, then the
     model's rounds), when it may be continued: it ends with a call of the
     client's tools awaiting results. [] when the session has no such turn."""
-    params = {"session_id": session_id, "limit": OPEN_TURN_MAX_MESSAGES}
+    params = {"user_id": caller.user_id, "session_id": session_id, "limit": OPEN_TURN_MAX_MESSAGES}
     async with db.pipeline(caller.claims) as conn:
         cur = conn.cursor()
         await cur.execute(_OPEN_TURN, params)
@@ -227,7 +226,7 @@ async def open_turn(db: Database, caller: Caller, session_id: uuid.UUID) -> list
 async def release_claim(db: Database, caller: Caller, client_message_id: str) -> None:
     """Give up a turn's claim on its client_message_id (the turn failed)."""
     async with db.pipeline(caller.claims) as conn:
-        await conn.execute(_RELEASE_CLAIM, (client_message_id,))
+        await conn.execute(_RELEASE_CLAIM, (caller.user_id, client_message_id))
 
 
 async def record_turn(db: Database, caller: Caller, turn: Turn) -> SessionInfo:
@@ -260,7 +259,8 @@ async def record_turn(db: Database, caller: Caller, turn: Turn) -> SessionInfo:
             session_cur = conn.cursor()
             await session_cur.execute(RECORD_TURN, args)
             if turn.forget_memory_ids:
-                await conn.cursor().execute(FORGET, (turn.forget_memory_ids,))
+                forget = {"user_id": caller.user_id, "ids": turn.forget_memory_ids}
+                await conn.cursor().execute(FORGET, forget)
     except psycopg.errors.UniqueViolation as exc:
         if exc.diag.constraint_name == "chat_message_history_client_message_idx":
             raise DuplicateClientMessage() from exc

@@ -91,13 +91,15 @@ language plpgsql
 set search_path = ''
 as $$
 declare
+  -- The caller, a parameter of each statement: on Citus, its shard.
+  v_uid uuid := auth.uid();
   -- now() itself in ON CONFLICT DO UPDATE: refused by Citus (docs/deploy.md).
   v_now timestamptz := now();
   v_mine integer;
 begin
   with mine as (
     select s.id, s.user_id from public.chat_sessions s
-     where s.id = any(p_session_ids) and s.user_id = (select auth.uid())
+     where s.id = any(p_session_ids) and s.user_id = v_uid
   ), queued as (
     insert into memchat.embedding_queue as q (session_id, user_id)
     select m.id, m.user_id from mine m
@@ -119,6 +121,9 @@ create function memchat.embedding_backlog(out pending integer, out failed intege
 language plpgsql stable
 set search_path = ''
 as $$
+declare
+  -- The caller, a parameter of each statement: on Citus, its shard.
+  v_uid uuid := auth.uid();
 begin
   select (count(*) filter (where q.next_attempt_at <> 'infinity'))::integer,
          (count(*) filter (where q.next_attempt_at = 'infinity'))::integer
@@ -126,7 +131,7 @@ begin
     from memchat.embedding_queue q
     join public.chat_sessions s on s.id = q.session_id and s.user_id = q.user_id
     cross join lateral memchat.unembedded_messages(q.user_id, q.session_id, null) u
-   where q.user_id = (select auth.uid())
+   where q.user_id = v_uid
      and s.status = 'active' and s.expires_at > now();
 end
 $$;

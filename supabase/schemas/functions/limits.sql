@@ -94,9 +94,12 @@ set search_path = ''
 set enable_seqscan = off
 set plan_cache_mode = force_generic_plan
 as $$
+declare
+  -- The caller, a parameter of each statement: on Citus, its shard.
+  v_uid uuid := auth.uid();
 begin
   return (select coalesce(sum(s.message_count), 0)::bigint from public.chat_sessions s
-           where s.user_id = (select auth.uid()) and s.expires_at > now());
+           where s.user_id = v_uid and s.expires_at > now());
 end
 $$;
 

@@ -108,6 +108,8 @@ language plpgsql stable
 set search_path = ''
 as $$
 declare
+  -- The caller, a parameter of each statement: on Citus, its shard.
+  v_uid uuid := auth.uid();
   v_words tsquery;
   v_lexemes text[];
   v_ids bigint[];
@@ -115,11 +117,11 @@ declare
 begin
   if p_durable then
     select array_agg(m.id) into v_ids from memchat.memories m
-     where m.user_id = (select auth.uid()) and m.agent_name = p_agent_name
+     where m.user_id = v_uid and m.agent_name = p_agent_name
        and m.expires_at is not null;
   else
     select array_agg(m.id) into v_ids from memchat.memories m
-     where m.user_id = (select auth.uid()) and m.agent_name = p_agent_name;
+     where m.user_id = v_uid and m.agent_name = p_agent_name;
   end if;
   if v_ids is null then
     return;  -- none: the words are not even looked at
@@ -131,7 +133,7 @@ begin
   with own as materialized (
     select m.id, m.model, m.embedding, m.lexemes, m.created_at, m.session_id
       from memchat.memories m
-     where m.user_id = (select auth.uid()) and m.id = any(v_ids)
+     where m.user_id = v_uid and m.id = any(v_ids)
   ), meaning as (
     select o.id, row_number() over (order by o.embedding operator(extensions.<=>) p_query, o.id desc)
              as r
@@ -298,9 +300,12 @@ create function memchat.recall_memories(
 language plpgsql stable
 set search_path = ''
 as $$
+declare
+  -- The caller, a parameter of each statement: on Citus, its shard.
+  v_uid uuid := auth.uid();
 begin
   if not exists (select 1 from memchat.memories m
-                  where m.user_id = (select auth.uid()) and m.agent_name = p_agent_name
+                  where m.user_id = v_uid and m.agent_name = p_agent_name
                     and m.expires_at is not null) then
     return '[]'::jsonb;
   end if;
@@ -311,6 +316,6 @@ begin
              order by f.ordinality), '[]'::jsonb)
       from memchat.search_memories(p_agent_name, p_query, p_model, p_text, p_limit,
                                    p_min_score, true) with ordinality f
-      join memchat.memories m on m.id = f.id and m.user_id = (select auth.uid()));
+      join memchat.memories m on m.id = f.id and m.user_id = v_uid);
 end
 $$;

@@ -11,25 +11,27 @@ language plpgsql
 set search_path = ''
 as $$
 declare
+  -- The caller, a parameter of each statement: on Citus, its shard.
+  v_uid uuid := auth.uid();
   -- now() itself in ON CONFLICT DO UPDATE: refused by Citus (docs/deploy.md).
   v_now timestamptz := now();
   v_version integer;
 begin
   if p_expected_version is null then
     insert into public.agent_long_term_memory as m (user_id, agent_name, notes)
-    values ((select auth.uid()), p_agent_name, p_notes)
+    values (v_uid, p_agent_name, p_notes)
     on conflict (user_id, agent_name) do update
       set notes = excluded.notes, version = m.version + 1, updated_at = v_now
     returning m.version into v_version;
   elsif p_expected_version = 0 then
     insert into public.agent_long_term_memory as m (user_id, agent_name, notes)
-    values ((select auth.uid()), p_agent_name, p_notes)
+    values (v_uid, p_agent_name, p_notes)
     on conflict (user_id, agent_name) do nothing
     returning m.version into v_version;
   else
     update public.agent_long_term_memory as m
        set notes = p_notes, version = m.version + 1, updated_at = v_now
-     where m.user_id = (select auth.uid()) and m.agent_name = p_agent_name
+     where m.user_id = v_uid and m.agent_name = p_agent_name
        and m.version = p_expected_version
     returning m.version into v_version;
   end if;
@@ -51,10 +53,12 @@ language plpgsql
 set search_path = ''
 as $$
 declare
+  -- The caller, a parameter of each statement: on Citus, its shard.
+  v_uid uuid := auth.uid();
   v_notes text;
 begin
   select v.notes into v_notes from memchat.notes_versions v
-   where v.user_id = (select auth.uid()) and v.agent_name = p_agent_name
+   where v.user_id = v_uid and v.agent_name = p_agent_name
      and v.version = p_version;
   if not found then
     return null;

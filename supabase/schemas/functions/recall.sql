@@ -246,7 +246,7 @@ as $$
   having pg_catalog.count(*) > 0
 $$;
 
--- The same as a value, for memchat.index_round (functions/words.sql).
+-- The same as a value, by the message's id alone (the migrations' backfills).
 create function memchat.answer_of(p_message_id bigint) returns text
 language plpgsql stable
 set search_path = ''

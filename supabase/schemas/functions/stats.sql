@@ -11,15 +11,18 @@ create function memchat.chat_stats(p_agent_name text) returns jsonb
 language plpgsql stable
 set search_path = ''
 as $$
+declare
+  -- The caller, a parameter of each statement: on Citus, its shard.
+  v_uid uuid := auth.uid();
 begin
   return (
     with s as (
       select s.* from public.chat_sessions s
-       where s.user_id = (select auth.uid())
+       where s.user_id = v_uid
          and (p_agent_name is null or s.agent_name = p_agent_name)),
     f as (
       select f.rating, f.comment from memchat.message_feedback f
-       where f.user_id = (select auth.uid())
+       where f.user_id = v_uid
          and (p_agent_name is null or f.agent_name = p_agent_name))
     select jsonb_build_object(
       'agent_name', p_agent_name,
@@ -52,6 +55,9 @@ create function memchat.session_stats(p_session_id uuid) returns jsonb
 language plpgsql stable
 set search_path = ''
 as $$
+declare
+  -- The caller, a parameter of each statement: on Citus, its shard.
+  v_uid uuid := auth.uid();
 begin
   return (
     select jsonb_build_object(
@@ -72,6 +78,6 @@ begin
       'last_activity_at', s.last_active_at,
       'duration_seconds', round(extract(epoch from s.last_active_at - s.created_at)::numeric, 3))
     from public.chat_sessions s
-    where s.id = p_session_id and s.user_id = (select auth.uid()));
+    where s.id = p_session_id and s.user_id = v_uid);
 end
 $$;

@@ -96,9 +96,10 @@ declare
   v_message jsonb;
   v_answer text;
 begin
+  -- Each read by the row's user_id too: on Citus, its own shard.
   select h.message into v_message
     from public.chat_message_history h
-   where h.id = new.message_id;
+   where h.id = new.message_id and h.user_id = new.user_id;
   if v_message->>'type' = 'ai' then
     new.facts_model := new.model;
     new.exchange_id := (
@@ -111,7 +112,8 @@ begin
                      memchat.round_lexemes(null, v_message->'data'->>'content'), new.user_id) end;
     return new;
   end if;
-  v_answer := memchat.answer_of(new.message_id);
+  v_answer := (select a.content
+                 from memchat.answer_after(new.user_id, new.session_id, new.message_id) a);
   new.exchange_id := null;
   new.lexemes := memchat.owned_lexemes(
     memchat.round_lexemes(v_message->'data'->>'content', v_answer), new.user_id);
