@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README and CI): lint, type-check, then the whole suite
-# against a real PostgreSQL (embedded, or DATABASE_URL). Args go to pytest.
+# against a real PostgreSQL (embedded, or DATABASE_URL), then the Citus lane
+# (`pytest --citus`). Args go to pytest instead (one run, as given).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source infra/venv.sh test
@@ -28,4 +29,10 @@ fi
 .venv/bin/ruff check functions tests
 .venv/bin/ruff format --check functions tests
 .venv/bin/mypy
-exec .venv/bin/python -m pytest "$@"
+if [ "$#" -gt 0 ]; then
+  exec .venv/bin/python -m pytest "$@"
+fi
+.venv/bin/python -m pytest
+# The Citus lane: the behaviour tests that run on Citus too (tests/conftest.py,
+# CITUS_LANE), against a cluster of their own, migrated and distributed.
+exec .venv/bin/python -m pytest --citus

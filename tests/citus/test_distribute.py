@@ -23,6 +23,7 @@ from memchat.store.distribute import (
     DISTRIBUTED_TABLES,
     LOGIN_ROLES,
     REFERENCE_TABLES,
+    STATEMENT_ROLES,
     NotCitus,
     distribute,
     placed,
@@ -140,9 +141,11 @@ def test_the_login_roles_plan_for_the_callers_shard(
     for url in distributed.worker_urls:
         with psycopg.connect(url, autocommit=True) as worker:
             login = worker.execute(
-                "select rolcanlogin from pg_roles where rolname = 'memchat_user'"
+                "select array_agg(rolname order by rolname) from pg_roles"
+                " where rolname = any(%s) and rolcanlogin",
+                (list(STATEMENT_ROLES),),
             ).fetchone()
-        assert login == (True,)
+        assert login == (sorted(STATEMENT_ROLES),)
 
 
 async def _sessions_seen(db: Database, claims: dict[str, Any]) -> int:

@@ -13,13 +13,16 @@ on the way, in one transaction:
 - the foreign keys: dropped while the tables move, then made again between
   the distributed tables and to the reference ones (Citus enforces both);
 - the triggers: kept (`citus.enable_unsafe_triggers`; each runs on the
-  shard of its row);
+  shard of its row), but those that read a statement's transition table,
+  which Citus cannot plan, become the row triggers of
+  `supabase/citus/triggers.sql`, and the TRUNCATE one goes;
 - the login roles: `citus.propagate_set_commands = 'local'`, so the claims
   a request sets (memchat.begin_request) reach every worker it touches, and
   custom plans only (`plan_cache_mode`, the functions' too), which Citus
   prunes to the caller's shard;
-- `memchat_user` may log in: Citus opens a worker connection as the role the
-  statement runs as (docs/deploy.md says who may connect);
+- `memchat_user`, `authenticated` and `anon` may log in: Citus opens a
+  worker connection as the role the statement runs as (docs/deploy.md says
+  who may connect);
 - identity columns: who may insert a row may insert its id, which Citus
   takes on the coordinator and sends to the shard.
 
@@ -40,6 +43,7 @@ from memchat.store.db import REQUEST_ROLE, connect
 from memchat.store.migrations import SUPABASE_DIR, discover
 
 CITUS_POLICIES = SUPABASE_DIR / "citus" / "policies.sql"
+CITUS_TRIGGERS = SUPABASE_DIR / "citus" / "triggers.sql"
 
 # Tables read by every user and written rarely: a copy on every node.
 REFERENCE_TABLES = (
@@ -81,6 +85,10 @@ SESSION_SETTINGS = (
     # (docs/deploy.md, "Citus").
     ("plan_cache_mode", "force_custom_plan"),
 )
+
+# The roles a statement switches to (the API's requests; the Data API's):
+# Citus connects to the workers as the role a statement runs as.
+STATEMENT_ROLES = (REQUEST_ROLE, "authenticated", "anon")
 
 # Supabase's recommended form, which Citus refuses in a distributed table's policy.
 _SELECT_UID = re.compile(r"\(\s*SELECT\s+auth\.uid\(\)\s+AS\s+uid\s*\)", re.IGNORECASE)
@@ -147,7 +155,7 @@ def distribute(conninfo: str) -> Distribution:
         if version is None:
             raise NotCitus(
                 "this database has no citus extension: `memchat db distribute` runs on a"
-                " Citus coordinator (docs/deploy.md, \"Citus\")"
+                ' Citus coordinator (docs/deploy.md, "Citus")'
             )
         _require_migrated(conn)
         before = placed(conn)
@@ -174,9 +182,32 @@ def distribute(conninfo: str) -> Distribution:
                             _table(table), sql.Identifier(name), sql.SQL(definition)
                         )
                     )
+            for statement in statements(CITUS_TRIGGERS.read_text()):
+                conn.execute(statement)
             _set_sessions(conn)
             _grant_identity_columns(conn)
     return Distribution(version, todo_reference, todo_distributed)
+
+
+def statements(script: str) -> list[str]:
+    """A SQL file's statements, one at a time: Citus sends a DDL statement's
+    text to the workers as it came, and a worker takes one statement per
+    command. A statement ends with `;` at the end of a line outside a
+    dollar-quoted body (`$$`); comments between statements are dropped."""
+    found: list[str] = []
+    current: list[str] = []
+    quoted = False
+    for line in script.splitlines():
+        if not current and not quoted and (not line.strip() or line.lstrip().startswith("--")):
+            continue
+        current.append(line)
+        quoted ^= line.count("$$") % 2 == 1
+        if not quoted and line.rstrip().endswith(";"):
+            found.append("\n".join(current))
+            current = []
+    if current:
+        raise ValueError(f"a statement without its ending ';': {current[0]!r}")
+    return found
 
 
 def _require_migrated(conn: psycopg.Connection[Any]) -> None:
@@ -220,7 +251,8 @@ def _drop_foreign_keys(conn: psycopg.Connection[Any]) -> list[tuple[str, str, st
 
 def _rewrite_policies(conn: psycopg.Connection[Any]) -> None:
     """The policies of the tables to distribute, in the form Citus takes."""
-    conn.execute(CITUS_POLICIES.read_text())
+    for statement in statements(CITUS_POLICIES.read_text()):
+        conn.execute(statement)
     rows = conn.execute(
         """
         select schemaname || '.' || tablename, policyname, qual, with_check
@@ -253,8 +285,8 @@ def _rewrite_policies(conn: psycopg.Connection[Any]) -> None:
 
 def _set_sessions(conn: psycopg.Connection[Any]) -> None:
     """The login roles' SESSION_SETTINGS; the functions that force a generic
-    plan on plain PostgreSQL plan each call for its values instead;
-    `memchat_user` may log in (Citus connects to the workers as it)."""
+    plan on plain PostgreSQL plan each call for its values instead; the
+    STATEMENT_ROLES may log in."""
     for role in LOGIN_ROLES:
         for name, value in SESSION_SETTINGS:
             conn.execute(
@@ -276,7 +308,8 @@ def _set_sessions(conn: psycopg.Connection[Any]) -> None:
                 sql.SQL(function)
             )
         )
-    conn.execute(sql.SQL("alter role {} login").format(sql.Identifier(REQUEST_ROLE)))
+    for role in STATEMENT_ROLES:
+        conn.execute(sql.SQL("alter role {} login").format(sql.Identifier(role)))
 
 
 def _grant_identity_columns(conn: psycopg.Connection[Any]) -> None:
@@ -311,4 +344,3 @@ def distributed_tables(conninfo: str) -> dict[str, str]:
     """memchat's tables on Citus (`placed`), from a connection of its own."""
     with connect(conninfo) as conn:
         return placed(conn) if citus_version(conn) else {}
-
