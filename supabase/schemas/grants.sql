@@ -95,6 +95,7 @@ grant execute on function
   memchat.record_turn(uuid, text, text, jsonb, interval, text, text, integer, boolean,
                       extensions.vector, text, integer),
   memchat.chat_of_history(text, text[], text[], integer),
+  memchat.lock_clear_target(uuid, text),
   memchat.begin_request(text, integer, integer, integer),
   memchat.current_user_exists(),
   memchat.take_rate_token(text, double precision, integer),

@@ -30,7 +30,7 @@ from memchat.store.distribute import (
 )
 from memchat.store.migrations import migrate
 from tests.utils.citus_cluster import CitusCluster
-from tests.utils.store_data import become, exchange, record
+from tests.utils.store_data import TTL, become, exchange, record
 from tests.utils.users import UserFactory
 
 # The foreign keys of memchat's tables (not of the shards the coordinator holds).
@@ -270,3 +270,47 @@ def test_the_command_refuses_plain_postgresql_and_is_idempotent_on_citus(
     again = _distribute_command(distributed.coordinator_url)
     assert again.returncode == 0, again.stderr
     assert "every table already in place" in again.stdout
+
+
+async def test_clear_feedback_notes_export_and_erase_work_on_citus(
+    api_db: Database, citus_users: UserFactory, coordinator: psycopg.Connection
+) -> None:
+    """The request paths beside the turn, each routed to the caller's shard
+    group; a cleared message's feedback goes with it (the row trigger of
+    supabase/citus/triggers.sql)."""
+    gina, hal = citus_users.create(), citus_users.create()
+    info = await record(api_db, gina, exchange("my cat is Miso", "Miso, noted."))
+    await record(api_db, hal, exchange("my dog is Rex", "Rex, noted."))
+    answer = info.message_ids[-1]
+    rated = await store.set_feedback(api_db, gina, answer, 1, "good")
+    assert rated is not None and rated.rating == 1
+    assert await store.set_feedback(api_db, hal, answer, -1, None) is None  # not hal's
+
+    saved = await store.save_notes(api_db, gina, "default", "likes cats", 0)
+    assert saved.version == 1 and (await store.read_notes(api_db, gina, "default")).notes == (
+        "likes cats"
+    )
+
+    async with store.export.snapshot(api_db, gina, whole_account=True) as reader:
+        sessions = [s async for batch in reader.sessions() for s in batch]
+        texts = [t async for batch in reader.messages(info.id) for t in batch]
+    assert [s.id for s in sessions] == [info.id] and len(texts) == 2
+
+    cleared = await store.clear_session(
+        api_db, gina, session_id=info.id, agent_name="default", ttl=TTL
+    )
+    assert cleared.deleted_messages == 2
+    feedback = coordinator.execute(
+        "select count(*) from memchat.message_feedback where user_id = %s", (gina.user_id,)
+    ).fetchone()
+    assert feedback == (0,)
+
+    counts = await store.delete_user_data(api_db, gina)
+    assert counts["sessions"] == 2 and counts["long_term_memory"] == 1
+    left = coordinator.execute(
+        "select (select count(*) from public.chat_sessions where user_id = %(u)s),"
+        " (select count(*) from memchat.notes_versions where user_id = %(u)s),"
+        " (select count(*) from public.chat_sessions where user_id = %(h)s)",
+        {"u": gina.user_id, "h": hal.user_id},
+    ).fetchone()
+    assert left == (0, 0, 1)

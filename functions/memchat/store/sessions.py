@@ -28,19 +28,9 @@ on conflict (user_id, agent_name) do update set
     last_active_at = excluded.last_active_at
 """
 
-# The session a clear-session request names: the given id, else the active
-# one. The first statement locks it and records its id for the transaction,
-# so the later statements act on that session even if the active pointer
-# moves meanwhile (each statement of a read-committed transaction re-reads).
-_CLEAR_LOCK = """
-select s.id, set_config('memchat.clear_target', s.id::text, true)
-  from public.chat_sessions s
- where s.user_id = %(user_id)s
-   and s.id = coalesce(%(session_id)s::uuid,
-       (select a.active_session_id from public.user_agent_active_sessions a
-         where a.user_id = %(user_id)s and a.agent_name = %(agent_name)s))
-   for update
-"""
+# The session a clear-session request names, locked, its id recorded for
+# the transaction (memchat.lock_clear_target); the later statements read it.
+_CLEAR_LOCK = "select memchat.lock_clear_target(%(session_id)s, %(agent_name)s)"
 _TARGET = sql.SQL("nullif(current_setting('memchat.clear_target', true), '')::uuid")
 
 _CLEAR_MESSAGES = sql.SQL(
@@ -57,12 +47,16 @@ _CLEAR_MARK = sql.SQL(
 _CLEAR_QUEUE = sql.SQL(
     "delete from memchat.summary_queue where user_id = %(user_id)s and session_id = {target}"
 ).format(target=_TARGET)
+# The fresh session, of the cleared one's agent (as memchat.lock_clear_target
+# recorded it): a statement of no table but the one it writes, which Citus
+# runs on the coordinator, where the transaction's settings are.
 _CLEAR_NEW_SESSION = sql.SQL(
     "insert into public.chat_sessions as s (id, user_id, agent_name, expires_at)"
     " select %(new_id)s, %(user_id)s, t.agent_name, memchat.session_expiry(%(ttl)s)"
-    " from public.chat_sessions t where t.user_id = %(user_id)s and t.id = {target}"
+    " from (select nullif(current_setting('memchat.clear_agent', true), '') as agent_name) t"
+    " where t.agent_name is not null"
     " returning {session}"
-).format(target=_TARGET, session=sql.SQL(SESSION_JSON))
+).format(session=sql.SQL(SESSION_JSON))
 
 
 async def clear_session(
@@ -94,7 +88,7 @@ async def clear_session(
             _POINT_ACTIVE, {"user_id": caller.user_id, "session_id": params["new_id"]}
         )
     found = await target.fetchone()
-    if found is None:
+    if found is None or found[0] is None:
         raise SessionNotFound(
             "No such session for this user."
             if session_id

@@ -281,6 +281,9 @@ create function memchat.recall_hits(
 language plpgsql stable
 set search_path = ''
 as $$
+declare
+  -- The caller, a parameter of the statement: on Citus, its shard.
+  v_uid uuid := auth.uid();
 begin
   return coalesce((
     select jsonb_agg(jsonb_build_object(
@@ -322,7 +325,8 @@ begin
               and (p_session_id is null or x.session_id <> p_session_id or x.id < p_floor)
               and memchat.asked(x.message)
             order by x.id limit 1) a on true
-      left join lateral memchat.answer_after(h.user_id, h.session_id, a.id) aa on true),
+      left join lateral memchat.answer_after(h.user_id, h.session_id, a.id) aa on true
+     where h.user_id = v_uid),
     '[]'::jsonb);
 end
 $$;

@@ -455,3 +455,34 @@ begin
   return jsonb_build_object('session_id', v_session, 'messages', v_messages);
 end
 $$;
+
+-- The session a clear-session request names (memchat.store.sessions): the
+-- given id, else the caller's active one of p_agent_name, locked, and its
+-- id and agent recorded for the transaction (memchat.clear_target,
+-- memchat.clear_agent), so the request's later statements act on that
+-- session even if the active pointer moves meanwhile. Null: the caller has
+-- no such session. A function, so that the settings are made where the
+-- transaction runs (on Citus the coordinator, not the shard's worker, which
+-- runs the lookup).
+create function memchat.lock_clear_target(p_session_id uuid, p_agent_name text)
+returns uuid
+language plpgsql
+set search_path = ''
+as $$
+declare
+  v_uid uuid := auth.uid();
+  v_id uuid;
+  v_agent text;
+begin
+  select s.id, s.agent_name into v_id, v_agent
+    from public.chat_sessions s
+   where s.user_id = v_uid
+     and s.id = coalesce(p_session_id,
+         (select a.active_session_id from public.user_agent_active_sessions a
+           where a.user_id = v_uid and a.agent_name = p_agent_name))
+     for update;
+  perform pg_catalog.set_config('memchat.clear_target', coalesce(v_id::text, ''), true);
+  perform pg_catalog.set_config('memchat.clear_agent', coalesce(v_agent, ''), true);
+  return v_id;
+end
+$$;

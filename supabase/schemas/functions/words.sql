@@ -335,9 +335,13 @@ set enable_bitmapscan = on
 set plan_cache_mode = force_generic_plan
 as $$
 begin
+  -- Custom plans only where this function's own setting asks for them
+  -- (Citus: `memchat db distribute`).
   perform pg_catalog.set_config(
     'plan_cache_mode',
-    case when p_rounds > memchat.words_planned_from() then 'force_custom_plan'
+    case when p_rounds > memchat.words_planned_from()
+              or pg_catalog.current_setting('plan_cache_mode') = 'force_custom_plan'
+         then 'force_custom_plan'
          else 'force_generic_plan' end,
     true);
   return (
