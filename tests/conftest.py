@@ -45,6 +45,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # the rest of tests/store and tests/api still meet what docs/deploy.md,
 # "Citus", lists as not working there yet.
 CITUS_LANE = (
+    "tests/store/test_account.py",
     "tests/store/test_smoke.py",
     "tests/store/test_limits.py",
     "tests/store/test_analytics.py",
