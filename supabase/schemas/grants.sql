@@ -90,9 +90,9 @@ revoke all on all functions in schema memchat from public;
 -- The API, as the user (`memchat_user`).
 grant execute on function
   -- a turn (functions/turns.sql, functions/requests.sql, functions/notes.sql)
-  memchat.load_context(uuid, text, integer, boolean, text, text, double precision, integer,
-                       double precision, integer),
-  memchat.record_turn(uuid, text, text, jsonb, interval, text, text, integer, boolean,
+  memchat.load_context(uuid, uuid, text, integer, boolean, text, text, double precision,
+                       integer, double precision, integer),
+  memchat.record_turn(uuid, uuid, text, text, jsonb, interval, text, text, integer, boolean,
                       extensions.vector, text, integer),
   memchat.chat_of_history(text, text[], text[], integer),
   memchat.lock_clear_target(uuid, text),

@@ -100,7 +100,7 @@ async def test_the_database_holds_the_quota_against_two_writes_at_once(
     admin.execute("update memchat.limits set max_stored_messages = 3")
     turn = Jsonb([messages.human("hi"), messages.ai("hello")])
     record = (
-        "select memchat.record_turn(%s, 'default', 't', %s, interval '1 hour', null, null, 0,"
+        "select memchat.record_turn(%s, %s, 'default', 't', %s, interval '1 hour', null, null, 0,"
         " false, null, null, null)"
     )
     outcome: list[str] = []
@@ -110,12 +110,12 @@ async def test_the_database_holds_the_quota_against_two_writes_at_once(
             psycopg.connect(database_url, autocommit=True) as second,
         ):
             with acting_as(first, claims):
-                first.execute(record, (uuid.uuid4(), turn))
+                first.execute(record, (user_id, uuid.uuid4(), turn))
 
                 def other() -> None:
                     try:
                         with acting_as(second, claims):
-                            second.execute(record, (uuid.uuid4(), turn))
+                            second.execute(record, (user_id, uuid.uuid4(), turn))
                         outcome.append("stored")
                     except psycopg.Error as exc:
                         outcome.append(str(exc.sqlstate))

@@ -18,9 +18,10 @@ row-level security): `store.load_context` (window 10) and
 ms per call, and Citus's against plain PostgreSQL's.
 
 On Citus it also counts each call's shard groups: the call once more with
-`citus.log_remote_commands`, the shards its commands to the workers name,
-grouped by their hash range (a user's rows of every co-located table share
-one). Every request must touch one.
+`citus.log_remote_commands` and `citus.log_local_commands` (a delegated
+function's statements run locally on its worker), the shards the commands
+name, grouped by their hash range (a user's rows of every co-located table
+share one). Every request must touch one.
 
 Recall is not measured: on Citus its statements cannot be planned yet
 (docs/deploy.md, "Citus").
@@ -130,11 +131,12 @@ def shard_groups(coordinator_url: str, caller: Any, session: uuid.UUID) -> dict[
     statements: dict[str, tuple[str, tuple[Any, ...]]] = {
         "load_context": (
             LOAD_CONTEXT,
-            (session, "default", WINDOW, True, None, None, 0, 1, 60.0, 0),
+            (caller.user_id, session, "default", WINDOW, True, None, None, 0, 1, 60.0, 0),
         ),
         "record_turn": (
             RECORD_TURN,
             (
+                caller.user_id,
                 session,
                 "default",
                 None,
@@ -165,7 +167,10 @@ def shard_groups(coordinator_url: str, caller: Any, session: uuid.UUID) -> dict[
             with conn.transaction(force_rollback=True):
                 for q, p in claims_statements(caller.claims):
                     conn.execute(q, p)
+                # The commands to the workers, and a delegated function's
+                # own on its worker's shards (local there), as notices.
                 conn.execute("set local citus.log_remote_commands = on")
+                conn.execute("set local citus.log_local_commands = on")
                 conn.execute(query, params)
         touched = {
             ranges[int(m)] for c in commands for m in _SHARD_ID.findall(c) if int(m) in ranges

@@ -1002,6 +1002,7 @@ async def turn_b(
     vector = await recall.model.embed(embedding_text(message), "query")
     query = store.Embedding(recall.model.embedding_model, vector)
     load_args = (
+        owner.caller.user_id,
         owner.session_id,
         AGENT,
         WINDOW,

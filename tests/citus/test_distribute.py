@@ -20,6 +20,7 @@ import pytest
 from memchat import store
 from memchat.store.db import Database
 from memchat.store.distribute import (
+    DELEGATED_FUNCTIONS,
     DISTRIBUTED_TABLES,
     LOGIN_ROLES,
     REFERENCE_TABLES,
@@ -314,3 +315,21 @@ async def test_clear_feedback_notes_export_and_erase_work_on_citus(
         {"u": gina.user_id, "h": hal.user_id},
     ).fetchone()
     assert left == (0, 0, 1)
+
+
+def test_the_turns_functions_run_on_the_callers_worker(
+    distributed: CitusCluster, coordinator: psycopg.Connection
+) -> None:
+    rows = coordinator.execute(
+        "select o.objid::regprocedure::text, o.distribution_argument_index, o.force_delegation,"
+        "       o.colocationid = (select colocationid from pg_dist_partition"
+        "                          where logicalrelid = 'public.chat_sessions'::regclass)"
+        "  from pg_dist_object o"
+        " where o.classid = 'pg_proc'::regclass and o.objid = any(%s::regprocedure[])",
+        (list(DELEGATED_FUNCTIONS),),
+    ).fetchall()
+    # Distributed by their first argument, p_user_id, with the users' tables.
+    assert sorted((index, force, colocated) for _, index, force, colocated in rows) == [
+        (0, True, True),
+        (0, True, True),
+    ]

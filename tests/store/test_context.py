@@ -239,7 +239,8 @@ async def test_window_reads_n_rows_of_a_huge_session(db, database_url, big_sessi
     with psycopg.connect(database_url, autocommit=True) as conn, conn.transaction():
         become(conn, alice.claims)
         ((result,),) = conn.execute(
-            store.turns.LOAD_CONTEXT, (sid, "default", window, True, None, None, 0, 1, 0, 0)
+            store.turns.LOAD_CONTEXT,
+            (alice.user_id, sid, "default", window, True, None, None, 0, 1, 0, 0),
         ).fetchall()
         conn.execute("reset role")
         seq_scans, seq_rows, _, rows_fetched = conn.execute(_XACT_READS).fetchone()

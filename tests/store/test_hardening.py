@@ -10,6 +10,7 @@ import asyncio
 import uuid
 
 import psycopg
+import psycopg.types.json
 import pytest
 
 from memchat.errors import DatabaseUnavailable
@@ -152,3 +153,37 @@ async def test_a_request_cannot_sit_in_an_open_transaction(database_url: str, wo
                 await conn.execute("select 1")
     finally:
         await db.close()
+
+
+# ------------------------------------- the turn's functions name their caller
+
+
+@pytest.mark.parametrize("call", ["load_context", "record_turn"])
+def test_a_turns_function_refuses_a_user_id_not_the_callers(
+    conn: psycopg.Connection, world: World, call: str
+) -> None:
+    """load_context and record_turn take the caller's id first (on Citus,
+    the worker they run on): B naming A is refused, as is naming no one."""
+    from memchat.store.turns import LOAD_CONTEXT, RECORD_TURN
+
+    statement = {"load_context": LOAD_CONTEXT, "record_turn": RECORD_TURN}[call]
+    rest = {
+        "load_context": (world.a_session, "default", 10, True, None, None, 0, 1, 0, 0),
+        "record_turn": (
+            world.a_session,
+            "default",
+            None,
+            psycopg.types.json.Jsonb([{"type": "human", "data": {"content": "hi"}}]),
+            "1 hour",
+            None,
+            None,
+            0,
+            False,
+            None,
+            None,
+            None,
+        ),
+    }[call]
+    with acting_as(conn, world.b.claims):
+        assert sqlstate(conn, statement, (world.a.user_id, *rest)) == "42501"
+        assert sqlstate(conn, statement, (None, *rest)) == "42501"

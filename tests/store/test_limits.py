@@ -51,13 +51,15 @@ def test_a_new_turns_message_is_held_to_max_message_chars_an_imported_one_is_not
     (max_import_message_chars); record_turn holds a new turn's to
     max_message_chars, whoever calls it."""
     turn = (
-        "select memchat.record_turn(%(s)s, 'default', 't', %(m)s, interval '1 hour', null, null,"
+        "select memchat.record_turn(%(u)s, %(s)s, 'default', 't', %(m)s, interval '1 hour',"
+        " null, null,"
         " 0, false, null, null, null)"
     )
     for length, refused in ((16_000, False), (16_001, True)):
         with acting_as(conn, world.a.claims):
             said = Jsonb([messages.human("x" * length), messages.ai("ok")])
-            assert (sqlstate(conn, turn, {"s": uuid.uuid4(), "m": said}) == "MC413") is refused
+            params = {"u": world.a.user_id, "s": uuid.uuid4(), "m": said}
+            assert (sqlstate(conn, turn, params) == "MC413") is refused
     with acting_as(conn, world.a.claims):
         imported = conn.execute(
             "select memchat.import_sessions(%s, '[]', '[]', '1 hour', null)",

@@ -200,7 +200,7 @@ async def test_a_store_call_without_claims_is_refused(database_url: str, world: 
                 cur = conn.cursor()
                 await cur.execute(
                     store.turns.LOAD_CONTEXT,
-                    (world.a_session, "default", 10, True, None, None, 0, 1, 0, 0),
+                    (world.a.user_id, world.a_session, "default", 10, True, None, None, 0, 1, 0, 0),
                 )
         assert await store.database_ok(db)  # the health check needs no table
     finally:

@@ -24,7 +24,9 @@ on the way, in one transaction:
   worker connection as the role the statement runs as (docs/deploy.md says
   who may connect);
 - identity columns: who may insert a row may insert its id, which Citus
-  takes on the coordinator and sends to the shard.
+  takes on the coordinator and sends to the shard;
+- the turn's functions (DELEGATED_FUNCTIONS) are delegated by their
+  `p_user_id` to the worker holding that user's shards.
 
 Run it again and it does nothing; run it where Citus is absent and it
 refuses (NotCitus). The migrations must have been applied first.
@@ -72,6 +74,16 @@ DISTRIBUTED_TABLES = (
     "memchat.message_facts",
 )
 DISTRIBUTION_COLUMN = "user_id"
+# The request functions run on the worker holding the caller's shards, in
+# the request's transaction: one hop from the coordinator, not one per
+# statement. Each takes its caller's id first (and refuses another's).
+DELEGATED_FUNCTIONS = (
+    "memchat.load_context(uuid, uuid, text, integer, boolean, text, text, double precision,"
+    " integer, double precision, integer)",
+    "memchat.record_turn(uuid, uuid, text, text, jsonb, interval, text, text, integer,"
+    " boolean, extensions.vector, text, integer)",
+)
+
 # The login roles of memchat's statements: their sessions get these settings.
 LOGIN_ROLES = ("memchat_api", "memchat_worker", "memchat_cleanup")
 SESSION_SETTINGS = (
@@ -185,6 +197,12 @@ def distribute(conninfo: str) -> Distribution:
             for statement in statements(CITUS_TRIGGERS.read_text()):
                 conn.execute(statement)
             _set_sessions(conn)
+            for function in DELEGATED_FUNCTIONS:
+                conn.execute(
+                    "select create_distributed_function(%s, 'p_user_id',"
+                    " colocate_with => %s, force_delegation => true)",
+                    (function, DISTRIBUTED_TABLES[0]),
+                )
             _grant_identity_columns(conn)
     return Distribution(version, todo_reference, todo_distributed)
 

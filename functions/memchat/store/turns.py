@@ -36,9 +36,11 @@ from memchat.store.records import (
 )
 from memchat.throttle import OFF, Rate
 
-LOAD_CONTEXT = "select memchat.load_context(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+# Each names its caller first: on Citus, the worker the call is delegated to.
+LOAD_CONTEXT = "select memchat.load_context(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 RECORD_TURN = (
-    "select memchat.record_turn(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s::extensions.vector, %s, %s)"
+    "select memchat.record_turn("
+    "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::extensions.vector, %s, %s)"
 )
 _RELEASE_CLAIM = "delete from memchat.turn_claims where user_id = %s and client_message_id = %s"
 # The message a client_message_id is stored on (a turn's first: the user
@@ -91,6 +93,7 @@ async def load_context(
     when the caller is out of tokens.
     """
     args = (
+        caller.user_id,
         session_id,
         agent_name,
         window,
@@ -241,6 +244,7 @@ async def record_turn(db: Database, caller: Caller, turn: Turn) -> SessionInfo:
     or InvalidInput when a database limit refuses it.
     """
     args = (
+        caller.user_id,
         turn.session_id,
         turn.agent_name,
         turn.title,

@@ -34,6 +34,7 @@
 -- reads the whole session and sorts it; the ordered index scan is never
 -- worse (enable_bitmapscan = off).
 create function memchat.load_context(
+  p_user_id uuid,
   p_session_id uuid, p_agent_name text, p_window integer, p_read_notes boolean,
   p_client_message_id text, p_message text, p_rate_per_minute double precision,
   p_rate_burst integer, p_claim_seconds double precision, p_read_max integer
@@ -65,6 +66,11 @@ declare
   v_bodies jsonb[] := '{}';
   v_keep integer;
 begin
+  -- The caller as the API names it: on Citus the call is delegated by it
+  -- to the worker holding that user's shards (`memchat db distribute`).
+  if p_user_id is distinct from v_uid then
+    raise exception 'the caller is not user %', p_user_id using errcode = '42501';
+  end if;
   if p_session_id is not null then
     select s.* into v_session from public.chat_sessions s
      where s.id = p_session_id and s.user_id = v_uid;
@@ -220,6 +226,7 @@ $function$;
 -- * The session's turn and token counters, from the usage the assistant
 --   messages carry; the quota (memchat.hold_stored_messages).
 create function memchat.record_turn(
+  p_user_id uuid,
   p_session_id uuid, p_agent_name text, p_title text, p_messages jsonb, p_ttl interval,
   p_client_message_id text, p_notes text, p_notes_version integer, p_new_session boolean,
   p_embedding extensions.vector, p_embedding_model text, p_due_after integer
@@ -241,6 +248,11 @@ declare
   v_prompt bigint;
   v_completion bigint;
 begin
+  -- The caller as the API names it: on Citus the call is delegated by it
+  -- to the worker holding that user's shards (`memchat db distribute`).
+  if p_user_id is distinct from v_uid then
+    raise exception 'the caller is not user %', p_user_id using errcode = '42501';
+  end if;
   -- A new turn's user message is held to max_message_chars (what may be
   -- sent to the model); the messages' trigger holds every stored one only to
   -- the larger bound an imported message has.
