@@ -38,7 +38,6 @@ import tempfile
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
-from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run by path: find `tests`
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from tests.bench import _common as common
 
@@ -58,7 +56,12 @@ from memchat.store.db import Database, claims_statements  # noqa: E402
 from memchat.store.distribute import distribute  # noqa: E402
 from memchat.store.migrations import migrate  # noqa: E402
 from tests.utils.citus_cluster import citus_cluster  # noqa: E402
-from tests.utils.store_data import exchange, turn  # noqa: E402
+from tests.utils.store_data import (  # noqa: E402
+    exchange,
+    load_context_args,
+    record_turn_args,
+    turn,
+)
 
 WINDOW = 10
 CALLS = ("load_context", "record_turn")
@@ -128,29 +131,10 @@ def shard_groups(coordinator_url: str, caller: Any, session: uuid.UUID) -> dict[
     commands Citus sends to the workers reported (citus.log_remote_commands)."""
     from memchat.store.turns import LOAD_CONTEXT, RECORD_TURN
 
+    counted = exchange("counted question", "counted answer")
     statements: dict[str, tuple[str, tuple[Any, ...]]] = {
-        "load_context": (
-            LOAD_CONTEXT,
-            (caller.user_id, session, "default", WINDOW, True, None, None, 0, 1, 60.0, 0),
-        ),
-        "record_turn": (
-            RECORD_TURN,
-            (
-                caller.user_id,
-                session,
-                "default",
-                None,
-                Jsonb(exchange("counted question", "counted answer")),
-                timedelta(hours=1),
-                None,
-                None,
-                0,
-                False,
-                None,
-                None,
-                None,
-            ),
-        ),
+        "load_context": (LOAD_CONTEXT, load_context_args(caller.user_id, session, WINDOW)),
+        "record_turn": (RECORD_TURN, record_turn_args(caller.user_id, session, counted)),
     }
     api = role_conninfo(coordinator_url, API_ROLE)
     found = {}

@@ -20,6 +20,7 @@ from tests.utils.store_data import (
     become,
     contents,
     exchange,
+    load_context_args,
     record,
     session_row,
     stored_messages,
@@ -240,7 +241,7 @@ async def test_window_reads_n_rows_of_a_huge_session(db, database_url, big_sessi
         become(conn, alice.claims)
         ((result,),) = conn.execute(
             store.turns.LOAD_CONTEXT,
-            (alice.user_id, sid, "default", window, True, None, None, 0, 1, 0, 0),
+            load_context_args(alice.user_id, sid, window),
         ).fetchall()
         conn.execute("reset role")
         seq_scans, seq_rows, _, rows_fetched = conn.execute(_XACT_READS).fetchone()

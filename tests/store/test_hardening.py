@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import psycopg
-import psycopg.types.json
 import pytest
 
+from memchat import messages
 from memchat.errors import DatabaseUnavailable
 from memchat.store.db import Database, RequestLimits
 from tests.store.conftest import World
 from tests.store.test_privileges import sqlstate
-from tests.utils.store_data import acting_as, through_data_api
+from tests.utils.store_data import (
+    acting_as,
+    load_context_args,
+    record_turn_args,
+    through_data_api,
+)
 
 INSERT_QUEUE = (
     "insert into memchat.summary_queue (session_id, user_id) values (%(session)s, %(owner)s)"
@@ -167,23 +173,12 @@ def test_a_turns_function_refuses_a_user_id_not_the_callers(
     from memchat.store.turns import LOAD_CONTEXT, RECORD_TURN
 
     statement = {"load_context": LOAD_CONTEXT, "record_turn": RECORD_TURN}[call]
-    rest = {
-        "load_context": (world.a_session, "default", 10, True, None, None, 0, 1, 0, 0),
-        "record_turn": (
-            world.a_session,
-            "default",
-            None,
-            psycopg.types.json.Jsonb([{"type": "human", "data": {"content": "hi"}}]),
-            "1 hour",
-            None,
-            None,
-            0,
-            False,
-            None,
-            None,
-            None,
-        ),
-    }[call]
+
+    def args(user_id: uuid.UUID | None) -> tuple[Any, ...]:
+        if call == "load_context":
+            return load_context_args(user_id, world.a_session)
+        return record_turn_args(user_id, world.a_session, [messages.human("hi")])
+
     with acting_as(conn, world.b.claims):
-        assert sqlstate(conn, statement, (world.a.user_id, *rest)) == "42501"
-        assert sqlstate(conn, statement, (None, *rest)) == "42501"
+        assert sqlstate(conn, statement, args(world.a.user_id)) == "42501"
+        assert sqlstate(conn, statement, args(None)) == "42501"

@@ -31,6 +31,7 @@ from tests.store.conftest import World, affected, refused
 from tests.utils.store_data import (
     acting_as,
     exchange,
+    load_context_args,
     record,
     snapshot,
     through_data_api,
@@ -200,7 +201,7 @@ async def test_a_store_call_without_claims_is_refused(database_url: str, world: 
                 cur = conn.cursor()
                 await cur.execute(
                     store.turns.LOAD_CONTEXT,
-                    (world.a.user_id, world.a_session, "default", 10, True, None, None, 0, 1, 0, 0),
+                    load_context_args(world.a.user_id, world.a_session),
                 )
         assert await store.database_ok(db)  # the health check needs no table
     finally:

@@ -21,7 +21,7 @@ from psycopg.abc import Query
 
 from memchat import store
 from tests.store.conftest import World
-from tests.utils.store_data import become
+from tests.utils.store_data import become, load_context_args
 
 # What the current transaction read from chat_sessions.
 _READS = """
@@ -34,7 +34,7 @@ select coalesce(seq_scan, 0), coalesce(seq_tup_read, 0), coalesce(idx_scan, 0),
 LOOKUPS: dict[str, tuple[Query, Any]] = {
     "load a turn": (
         store.turns.LOAD_CONTEXT,
-        lambda uid, sid: (uid, sid, "default", 10, True, None, None, 0, 1, 0, 0),
+        load_context_args,
     ),
     "export a session": (store.export._SESSION, lambda uid, sid: (uid, sid)),
     "session stats": ("select memchat.session_stats(%s)", lambda uid, sid: (sid,)),

@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from memchat import messages, store
 from memchat.store.db import Database, claims_statements
@@ -69,6 +70,36 @@ def turn(
         notes=notes,
         notes_version=notes_version,
     )
+
+
+def record_turn_args(
+    user_id: uuid.UUID | None, session_id: uuid.UUID, msgs: list[dict[str, Any]]
+) -> tuple[Any, ...]:
+    """memchat.record_turn's arguments (store.turns.RECORD_TURN) for a turn
+    of `msgs` in an existing session: no title, notes, embedding or key."""
+    return (
+        user_id,
+        session_id,
+        "default",
+        None,
+        Jsonb(msgs),
+        TTL,
+        None,
+        None,
+        0,
+        False,
+        None,
+        None,
+        None,
+    )
+
+
+def load_context_args(
+    user_id: uuid.UUID | None, session_id: uuid.UUID, window: int = 10
+) -> tuple[Any, ...]:
+    """memchat.load_context's arguments (store.turns.LOAD_CONTEXT): the
+    session's window and notes, no key, no throttle, no summary."""
+    return (user_id, session_id, "default", window, True, None, None, 0, 1, 0, 0)
 
 
 async def record(
