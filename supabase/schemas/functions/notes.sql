@@ -76,6 +76,8 @@ language plpgsql
 security definer
 set search_path = ''
 as $$
+declare
+  v_kept integer;
 begin
   if tg_op = 'DELETE' then
     delete from memchat.notes_versions v
@@ -86,9 +88,13 @@ begin
   values (new.user_id, new.agent_name, new.version, new.notes, new.updated_at)
   on conflict (user_id, agent_name, version) do update
      set notes = excluded.notes, created_at = excluded.created_at;
+  -- The limit read on its own: on Citus, where record_turn runs delegated
+  -- to the user's worker, a statement there may read only that user's
+  -- rows, which a subquery of another table is not.
+  v_kept := (select l.notes_versions_kept from memchat.limits l);
   delete from memchat.notes_versions v
    where v.user_id = new.user_id and v.agent_name = new.agent_name
-     and v.version <= new.version - (select l.notes_versions_kept from memchat.limits l);
+     and v.version <= new.version - v_kept;
   return null;
 end
 $$;
