@@ -230,6 +230,7 @@ select coalesce(seq_scan, 0), coalesce(seq_tup_read, 0),
 
 
 @pytest.mark.slow
+@pytest.mark.plain_only  # counts the reads this server made; on Citus a worker makes them
 @pytest.mark.parametrize("window", [10, 50])
 async def test_window_reads_n_rows_of_a_huge_session(db, database_url, big_session, window):
     alice, sid = big_session
