@@ -52,11 +52,12 @@ common.ensure_import_path()
 
 from memchat import store  # noqa: E402
 from memchat.devdb import API_ROLE, role_conninfo  # noqa: E402
-from memchat.store.db import Database, claims_statements  # noqa: E402
+from memchat.store.db import Database  # noqa: E402
 from memchat.store.distribute import distribute  # noqa: E402
 from memchat.store.migrations import migrate  # noqa: E402
 from tests.utils.citus_cluster import citus_cluster  # noqa: E402
 from tests.utils.store_data import (  # noqa: E402
+    become,
     exchange,
     load_context_args,
     record_turn_args,
@@ -149,8 +150,7 @@ def shard_groups(coordinator_url: str, caller: Any, session: uuid.UUID) -> dict[
         with psycopg.connect(api, autocommit=True, prepare_threshold=None) as conn:
             conn.add_notice_handler(partial(_keep, commands))
             with conn.transaction(force_rollback=True):
-                for q, p in claims_statements(caller.claims):
-                    conn.execute(q, p)
+                become(conn, caller.claims)
                 # The commands to the workers, and a delegated function's
                 # own on its worker's shards (local there), as notices.
                 conn.execute("set local citus.log_remote_commands = on")

@@ -219,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from psycopg import sql
 
     from memchat.model import minilm
-    from memchat.store.db import SET_CLAIMS, claims_params
+    from tests.utils.store_data import become
 
     url = os.environ.get("DATABASE_URL")
     if not url:
@@ -243,9 +243,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             params["s"] = minilm.RECALL_MIN_SCORE if args.min_score is None else args.min_score
             _, exchange_at = to_import(record)
             with conn.transaction():
-                conn.execute(
-                    SET_CLAIMS, claims_params({"sub": str(user_id), "role": "authenticated"})
-                )
+                become(conn, {"sub": str(user_id), "role": "authenticated"})
                 started = time.perf_counter()
                 (found,) = conn.execute(call, params).fetchone()
                 ms = (time.perf_counter() - started) * 1000

@@ -81,11 +81,11 @@ STATEMENTS = {
 }
 
 
-def timed(conn: psycopg.Connection[Any], claims: dict[str, str], query: str, params: Any) -> float:
-    from memchat.store.db import SET_CLAIMS
+def timed(conn: psycopg.Connection[Any], claims: dict[str, Any], query: str, params: Any) -> float:
+    from tests.utils.store_data import become
 
     with conn.transaction():
-        conn.execute(SET_CLAIMS, claims)
+        become(conn, claims)
         with common.Timer() as timer:
             conn.execute(query, params)
     return timer.ms
@@ -99,7 +99,6 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=300)
     args = parser.parse_args()
 
-    from memchat.store.db import claims_params
     from tests.utils.users import claims_for
 
     with common.database() as target:
@@ -113,7 +112,7 @@ def main() -> None:
         (session,) = admin.execute(
             "select id from public.chat_sessions where user_id = %s limit 1", (caller.user_id,)
         ).fetchone() or (None,)
-        claims = claims_params(claims_for(caller.user_id))
+        claims = claims_for(caller.user_id)
         params = {"session": session, "user": caller.user_id}
         conn = psycopg.connect(target.url, prepare_threshold=None)
         medians: dict[str, dict[str, float]] = {}

@@ -87,9 +87,10 @@ import psycopg
 
 from memchat import devtokens, messages, store
 from memchat.config import load_settings
-from memchat.store.db import SET_CLAIMS, Database, claims_params, connect_kwargs
+from memchat.store.db import Database, connect_kwargs
 from memchat.usecases import analytics
 from tests.bench import _common as common
+from tests.utils.store_data import become
 
 SESSIONS = 100
 AGENTS = ("default", "support")  # every 5th session is "support"
@@ -498,7 +499,7 @@ def explain(url: str, owner: Owner, function: str, arg: Any, label: str) -> Plan
         assert row is not None
         body, argname, argtype = row
         body = re.sub(rf"\b{re.escape(argname)}\b", "$1", body)
-        conn.execute(SET_CLAIMS, claims_params(owner.caller.claims))
+        become(conn, owner.caller.claims)
         conn.execute("set local plan_cache_mode = force_generic_plan")
         conn.execute(f"prepare bench_stats ({argtype}) as {body}")
         # Client-side binding: a utility statement's parameters get no types.

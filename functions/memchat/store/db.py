@@ -54,7 +54,7 @@ REQUEST_ROLE = "memchat_user"
 # UTC timestamps in JSON built by the database): SET LOCAL in an explicit
 # block, which Citus repeats on each worker the transaction reaches
 # (memchat.begin_request, supabase/schemas/functions/requests.sql).
-SET_ROLE = "set local role memchat_user"
+SET_ROLE = "set local role " + REQUEST_ROLE
 SET_CLAIMS = (
     "select memchat.begin_request("
     "%(claims)s, %(statement_timeout)s, %(idle_timeout)s, %(max_stored)s)"
@@ -94,24 +94,18 @@ class RequestLimits:
 DEFAULT_LIMITS = RequestLimits()
 
 
-def claims_params(
-    claims: Mapping[str, Any], limits: RequestLimits = DEFAULT_LIMITS
-) -> dict[str, Any]:
-    """The parameters of SET_CLAIMS for a caller's verified claims."""
-    return {
-        "claims": json.dumps(claims),
-        "statement_timeout": limits.statement_timeout_ms,
-        "idle_timeout": limits.idle_in_transaction_timeout_ms,
-        "max_stored": limits.max_stored_messages,
-    }
-
-
 def claims_statements(
     claims: Mapping[str, Any], limits: RequestLimits = DEFAULT_LIMITS
 ) -> list[tuple[str, Any]]:
     """The statements (query, params) that make an open transaction a user
     request's: as REQUEST_ROLE, with these claims and limits."""
-    return [(SET_ROLE, None), (SET_CLAIMS, claims_params(claims, limits))]
+    params = {
+        "claims": json.dumps(claims),
+        "statement_timeout": limits.statement_timeout_ms,
+        "idle_timeout": limits.idle_in_transaction_timeout_ms,
+        "max_stored": limits.max_stored_messages,
+    }
+    return [(SET_ROLE, None), (SET_CLAIMS, params)]
 
 
 # Takes a token from the caller's bucket, or raises SQLSTATE MC429 (its

@@ -135,23 +135,16 @@ def placed(conn: psycopg.Connection[Any]) -> dict[str, str]:
     """memchat's tables Citus holds, by name: 'reference' or 'distributed'."""
     rows = conn.execute(
         """
-        select p.logicalrelid::regclass::text,
+        select n.nspname || '.' || c.relname,
                case when p.partmethod = 'n' then 'reference' else 'distributed' end
           from pg_dist_partition p
-         where p.logicalrelid::regclass::text = any(%s)
+          join pg_class c on c.oid = p.logicalrelid
+          join pg_namespace n on n.oid = c.relnamespace
+         where p.logicalrelid = any(%s::regclass[])
         """,
-        ([*(_display(t) for t in REFERENCE_TABLES), *(_display(t) for t in DISTRIBUTED_TABLES)],),
+        ([*REFERENCE_TABLES, *DISTRIBUTED_TABLES],),
     ).fetchall()
-    return {_qualified(name): kind for name, kind in rows}
-
-
-def _display(table: str) -> str:
-    """A table's name as regclass prints it (public's without the schema)."""
-    return table.removeprefix("public.")
-
-
-def _qualified(name: str) -> str:
-    return name if "." in name else f"public.{name}"
+    return dict(rows)
 
 
 def _table(name: str) -> sql.Identifier:
@@ -182,8 +175,8 @@ def distribute(conninfo: str) -> Distribution:
                 _rewrite_policies(conn)
                 for table in todo_reference:
                     conn.execute("select create_reference_table(%s)", (table,))
+                anchor = DISTRIBUTED_TABLES[0]
                 for table in todo_distributed:
-                    anchor = DISTRIBUTED_TABLES[0]
                     conn.execute(
                         "select create_distributed_table(%s, %s, colocate_with => %s)",
                         (table, DISTRIBUTION_COLUMN, "none" if table == anchor else anchor),
@@ -356,9 +349,3 @@ def _grant_identity_columns(conn: psycopg.Connection[Any]) -> None:
                 sql.Identifier(column), sql.Identifier(schema, table), sql.Identifier(role)
             )
         )
-
-
-def distributed_tables(conninfo: str) -> dict[str, str]:
-    """memchat's tables on Citus (`placed`), from a connection of its own."""
-    with connect(conninfo) as conn:
-        return placed(conn) if citus_version(conn) else {}
