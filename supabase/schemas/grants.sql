@@ -40,9 +40,10 @@ grant insert (session_id, user_id, message, client_message_id, created_at), dele
   on public.chat_message_history to memchat_user;
 grant insert, update, delete on public.agent_long_term_memory to memchat_user;
 
--- The cleanup (`memchat_cleanup`): expired sessions (policies.sql); of
+-- The cleanup (`memchat_cleanup`): expired sessions (policies.sql), with
+-- their message counters (on Citus it counts what it deleted by them); of
 -- messages, their ids (to count them), no content.
-grant select (id, user_id, expires_at), update (expires_at), delete
+grant select (id, user_id, expires_at, message_count), update (expires_at), delete
   on public.chat_sessions to memchat_cleanup;
 grant select (id, session_id, user_id) on public.chat_message_history to memchat_cleanup;
 
@@ -108,12 +109,11 @@ grant execute on function
   memchat.max_stored_messages(),
   memchat.hold_stored_messages(bigint),
   -- recall (functions/recall.sql, functions/words.sql)
-  memchat.recall(uuid, text, integer, extensions.vector, text, text, integer, double precision,
-                 double precision, timestamptz, timestamptz),
+  memchat.recall(uuid, uuid, text, integer, extensions.vector, text, text, integer,
+                 double precision, double precision, timestamptz, timestamptz),
   memchat.recall_hits(bigint[], double precision[], uuid, bigint),
-  memchat.recall_keys(uuid, text, text, uuid, bigint),
-  memchat.nearest_messages(uuid, text, text, uuid, bigint, extensions.vector, integer,
-                           timestamptz, timestamptz),
+  memchat.nearest_message_ids(uuid, text, text, uuid, bigint, extensions.vector, integer,
+                              timestamptz, timestamptz),
   memchat.answer_after(uuid, uuid, bigint),
   memchat.answer_of(bigint),
   memchat.vector_iterative_scans(),
@@ -144,8 +144,9 @@ grant execute on function
   -- memories (functions/memories.sql)
   memchat.search_memories(text, extensions.vector, text, text, integer, double precision,
                           boolean),
-  memchat.recall_memories(text, extensions.vector, text, text, integer, double precision),
-  memchat.import_memories(jsonb, integer)
+  memchat.recall_memories(uuid, text, extensions.vector, text, text, integer,
+                          double precision),
+  memchat.import_memories(uuid, jsonb, integer)
   to memchat_user;
 
 -- The summary worker and the embedding backfill (`memchat_worker`): these

@@ -77,7 +77,7 @@ def stored(admin: psycopg.Connection, user_id: uuid.UUID) -> list[tuple[str, str
     """(text, model) of each of the user's embedded messages."""
     rows = admin.execute(
         "select h.message->'data'->>'content', e.model from memchat.message_embeddings e"
-        " join public.chat_message_history h on h.id = e.message_id"
+        " join public.chat_message_history h on h.id = e.message_id and h.user_id = e.user_id"
         " where e.user_id = %s order by h.id",
         (user_id,),
     ).fetchall()
@@ -162,6 +162,7 @@ def grown_by_turns(admin: psycopg.Connection, user_id: uuid.UUID, count: int) ->
     )
 
 
+@pytest.mark.plain_only  # this server's partition statistics; on Citus the shards' are the workers'
 async def test_a_young_key_partition_is_analysed_once_it_has_doubled(
     db: Database, users: UserFactory, admin: psycopg.Connection, embedders: Callable[..., Embedder]
 ) -> None:
@@ -191,6 +192,7 @@ async def test_a_young_key_partition_is_analysed_once_it_has_doubled(
     assert key_partition(admin, alice.user_id)[1:] == (counted, present + 2)
 
 
+@pytest.mark.plain_only  # this server's partition statistics; on Citus the shards' are the workers'
 async def test_a_young_partition_grown_by_turns_is_analysed_by_the_next_run(
     users: UserFactory, admin: psycopg.Connection, embedders: Callable[..., Embedder]
 ) -> None:
@@ -233,6 +235,7 @@ async def test_requests_pack_sessions_in_batches_of_the_set_size(
     assert sorted(t for batch in sent for t in batch) == sorted(t for q in texts for t in q)
 
 
+@pytest.mark.plain_only  # timed against one server's round trips
 async def test_requests_in_flight_are_bounded(
     db: Database, users: UserFactory, model: FakeOpenAI, embedders: Callable[..., Embedder]
 ) -> None:
@@ -426,7 +429,8 @@ def keys_by_message(admin: psycopg.Connection, user_id: uuid.UUID) -> dict[str, 
     """Each of the user's messages with fact keys: its text, the keys' ordinals."""
     rows = admin.execute(
         "select h.message->'data'->>'content', array_agg(f.ordinal order by f.ordinal)"
-        " from memchat.message_facts f join public.chat_message_history h on h.id = f.message_id"
+        " from memchat.message_facts f join public.chat_message_history h"
+        " on h.id = f.message_id and h.user_id = f.user_id"
         " where f.user_id = %s group by h.id, h.message",
         (user_id,),
     ).fetchall()

@@ -350,10 +350,17 @@ async def test_a_rare_word_of_the_question_outweighs_a_common_one(
         await import_sessions(api, auth, [("user", said, at(day * 60))])
     await embedder.run()
     with acting_as(admin, claims_for(user_id)) as conn:
-        found = conn.execute(
-            "select m.text from memchat.search_memories('default', null, null, %s, 3, 0, false)"
-            " with ordinality f join memchat.memories m on m.id = f.id order by f.ordinality",
+        ids = conn.execute(
+            "select array_agg(f.id order by f.ordinality)"
+            " from memchat.search_memories('default', null, null, %s, 3, 0, false)"
+            " with ordinality f",
             ("coffee Zanzibar",),
+        ).fetchone()
+        assert ids is not None
+        found = conn.execute(
+            "select m.text from unnest(%s::bigint[]) with ordinality f(id, n)"
+            " join memchat.memories m on m.id = f.id and m.user_id = %s order by f.n",
+            (ids[0], user_id),
         ).fetchall()
     assert len(found) == 3 and found[0] == (zanzibar,), found
 

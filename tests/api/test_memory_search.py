@@ -264,15 +264,20 @@ async def test_making_a_messages_fact_keys_leaves_its_embedding_row_as_it_was(
     assert admin.execute(version, (user_id,)).fetchone() == before
     made = admin.execute(
         "select m.model = e.model, m.user_id = e.user_id from memchat.message_facts_made m"
-        " join memchat.message_embeddings e using (message_id) where e.user_id = %s",
-        (user_id,),
+        " join memchat.message_embeddings e on e.message_id = m.message_id and e.user_id = %s"
+        " where m.user_id = %s",
+        (user_id, user_id),
     ).fetchall()
     assert made == [(True, True)]
     # Made: nothing is due for the message any more.
+    sessions = admin.execute(
+        "select array_agg(s.id) from public.chat_sessions s where s.user_id = %s", (user_id,)
+    ).fetchone()
+    assert sessions is not None
     due = admin.execute(
-        "select count(*) from public.chat_sessions s,"
-        " memchat.unembedded_messages(s.user_id, s.id, null) u where s.user_id = %s",
-        (user_id,),
+        "select count(*) from unnest(%s::uuid[]) s(id),"
+        " memchat.unembedded_messages(%s, s.id, null) u",
+        (sessions[0], user_id),
     ).fetchone()
     assert due == (0,)
     # The marker goes with its message, as the keys do.
@@ -486,7 +491,7 @@ async def test_fact_keys_can_be_turned_off(
     row = admin.execute(
         "select (select count(*) from memchat.message_facts f where f.user_id = e.user_id),"
         " (select m.model = e.model from memchat.message_facts_made m"
-        "   where m.message_id = e.message_id)"
+        "   where m.message_id = e.message_id and m.user_id = e.user_id)"
         " from memchat.message_embeddings e where e.user_id = %s",
         (user_id,),
     ).fetchone()

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
 from memchat import messages
@@ -89,6 +90,7 @@ def waiting_on_advisory_lock(admin: psycopg.Connection, pid: int) -> bool:
     return False
 
 
+@pytest.mark.plain_only  # watches this server's locks; on Citus the worker's hold it
 async def test_the_database_holds_the_quota_against_two_writes_at_once(
     database_url: str, admin: psycopg.Connection
 ) -> None:

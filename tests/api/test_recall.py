@@ -432,7 +432,7 @@ async def test_with_prefixes_the_query_searches_and_the_document_is_stored(
     assert [r["session_id"] for r in body["memory"]["recalled"]] == [first["session_id"]]
     (stored,) = admin.execute(
         "select e.embedding::text from memchat.message_embeddings e"
-        " join public.chat_message_history h on h.id = e.message_id"
+        " join public.chat_message_history h on h.id = e.message_id and h.user_id = e.user_id"
         " where e.user_id = %s and h.message->'data'->>'content' = %s",
         (user_id, FACT),
     ).fetchone()

@@ -13,32 +13,29 @@ one distributed by `memchat db distribute`. Each of --users users has
 --latency-ms to every round trip (tests/bench/_common.py, LatencyProxy),
 each user in turn runs a turn's memory calls as the API does
 (`memchat.store.db.Database` logged in as `memchat_api`, one round trip each, under
-row-level security): `store.load_context` (window 10) and
-`store.record_turn` (a human + ai pair). Timed on the client, median and p95
-ms per call, and Citus's against plain PostgreSQL's.
+row-level security): `store.load_context` (window 10), `store.recall` (k 10,
+by meaning and words over the stored turns' embeddings) and
+`store.record_turn` (a human + ai pair, with its embedding). Timed on the
+client, median and p95 ms per call, and Citus's against plain PostgreSQL's.
 
 On Citus it also counts each call's shard groups: the call once more with
 `citus.log_remote_commands` and `citus.log_local_commands` (a delegated
 function's statements run locally on its worker), the shards the commands
 name, grouped by their hash range (a user's rows of every co-located table
 share one). Every request must touch one.
-
-Recall is not measured: on Citus its statements cannot be planned yet
-(docs/deploy.md, "Citus").
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import shutil
 import sys
 import tempfile
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
-from functools import partial
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +52,8 @@ from memchat.devdb import API_ROLE, role_conninfo  # noqa: E402
 from memchat.store.db import Database  # noqa: E402
 from memchat.store.distribute import distribute  # noqa: E402
 from memchat.store.migrations import migrate  # noqa: E402
-from tests.utils.citus_cluster import citus_cluster  # noqa: E402
+from tests.utils.citus_cluster import citus_cluster, shard_groups  # noqa: E402
 from tests.utils.store_data import (  # noqa: E402
-    become,
     exchange,
     load_context_args,
     record_turn_args,
@@ -65,8 +61,30 @@ from tests.utils.store_data import (  # noqa: E402
 )
 
 WINDOW = 10
-CALLS = ("load_context", "record_turn")
-_SHARD_ID = re.compile(r"_(\d{6,})\b")
+CALLS = ("load_context", "recall", "record_turn")
+MODEL = "bench-citus"
+DIMS = 512  # the column as the migrations make it
+
+
+def embedding(seed: int) -> store.Embedding:
+    """A unit-ish vector of its own per seed: recall has distances to rank."""
+    values = [0.0] * DIMS
+    values[seed % DIMS] = 1.0
+    values[(seed * 7 + 3) % DIMS] = 0.5
+    return store.Embedding(MODEL, values)
+
+
+def recall_query(session: uuid.UUID, i: int) -> store.RecallQuery:
+    return store.RecallQuery(
+        session_id=session,
+        agent_name="default",
+        window=WINDOW,
+        embedding=embedding(i),
+        k=10,
+        min_score=0.0,
+        text=f"which question {i % 50} did I ask?",
+        duplicate_score=0.95,
+    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -76,6 +94,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--iterations", type=int, default=100, help="timed turns per user")
     parser.add_argument("--warmup", type=int, default=10, help="untimed turns per user first")
     parser.add_argument("--latency-ms", type=float, default=1.0)
+    parser.add_argument(
+        "--clients",
+        default="1,4,16",
+        help="concurrent clients for the throughput part (comma-separated; empty: none)",
+    )
+    parser.add_argument("--seconds", type=float, default=10.0, help="per throughput run")
     return parser.parse_args()
 
 
@@ -86,9 +110,8 @@ async def fill(db: Database, admin: psycopg.Connection[Any], users: int, turns: 
         caller = common.create_user(admin)
         session = uuid.uuid4()
         for t in range(turns):
-            await store.record_turn(
-                db, caller, turn(session, exchange(f"question {t} of mine", f"answer {t}"))
-            )
+            said = turn(session, exchange(f"question {t} of mine", f"answer {t}"))
+            await store.record_turn(db, caller, replace(said, embedding=embedding(t)))
         filled.append((caller, session))
     return filled
 
@@ -99,12 +122,14 @@ def calls(db: Database, caller: Any, session: uuid.UUID, i: int) -> dict[str, An
             db, caller, session_id=session, agent_name="default", window=WINDOW
         )
 
-    async def record() -> Any:
-        return await store.record_turn(
-            db, caller, turn(session, exchange(f"timed question {i}", f"timed answer {i}"))
-        )
+    async def recall() -> Any:
+        return await store.recall(db, caller, recall_query(session, i))
 
-    return {"load_context": load, "record_turn": record}
+    async def record() -> Any:
+        said = turn(session, exchange(f"timed question {i}", f"timed answer {i}"))
+        return await store.record_turn(db, caller, replace(said, embedding=embedding(i)))
+
+    return {"load_context": load, "recall": recall, "record_turn": record}
 
 
 async def timed(url: str, filled: list[Any], args: argparse.Namespace) -> dict[str, common.Stats]:
@@ -123,49 +148,54 @@ async def timed(url: str, filled: list[Any], args: argparse.Namespace) -> dict[s
     return {name: common.summarize(values) for name, values in samples.items()}
 
 
-def _keep(commands: list[str], diagnostic: psycopg.errors.Diagnostic) -> None:
-    commands.append(diagnostic.message_primary or "")
+async def throughput(url: str, filled: list[Any], clients: int, seconds: float) -> float:
+    """Turns per second (each a turn's three calls) that `clients` concurrent
+    clients, each with a connection of its own and a user of its own (round
+    robin), complete in `seconds`, straight to the database (no proxy)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    done = 0
+
+    async def client(k: int) -> None:
+        nonlocal done
+        caller, session = filled[k % len(filled)]
+        db = Database(url, max_connections=1)
+        try:
+            i = 10_000 * (k + 1)
+            while loop.time() < deadline:
+                for call in calls(db, caller, session, i).values():
+                    await call()
+                done += 1
+                i += 1
+        finally:
+            await db.close()
+
+    await asyncio.gather(*(client(k) for k in range(clients)))
+    return done / seconds
 
 
-def shard_groups(coordinator_url: str, caller: Any, session: uuid.UUID) -> dict[str, int]:
-    """Each call's shard groups on Citus: its statements once more, with the
-    commands Citus sends to the workers reported (citus.log_remote_commands)."""
+def call_shard_groups(coordinator_url: str, caller: Any, session: uuid.UUID) -> dict[str, int]:
+    """Each call's shard groups on Citus: its statements once more
+    (tests/utils/citus_cluster.py, shard_groups)."""
+    from memchat.store.embeddings import RECALL, RECALL_MEMORIES, recall_params
     from memchat.store.turns import LOAD_CONTEXT, RECORD_TURN
 
     counted = exchange("counted question", "counted answer")
-    statements: dict[str, tuple[str, tuple[Any, ...]]] = {
-        "load_context": (LOAD_CONTEXT, load_context_args(caller.user_id, session, WINDOW)),
-        "record_turn": (RECORD_TURN, record_turn_args(caller.user_id, session, counted)),
+    recalled = recall_params(caller.user_id, recall_query(session, 7))
+    statements: dict[str, list[tuple[str, Any]]] = {
+        "load_context": [(LOAD_CONTEXT, load_context_args(caller.user_id, session, WINDOW))],
+        "recall": [(RECALL, recalled), (RECALL_MEMORIES, recalled)],
+        "record_turn": [(RECORD_TURN, record_turn_args(caller.user_id, session, counted))],
     }
-    api = role_conninfo(coordinator_url, API_ROLE)
-    found = {}
-    with psycopg.connect(coordinator_url, autocommit=True) as admin:
-        ranges = dict(
-            admin.execute(
-                "select shardid, shardminvalue from pg_dist_shard where shardminvalue is not null"
-            ).fetchall()
-        )
-    for name, (query, params) in statements.items():
-        commands: list[str] = []
-        with psycopg.connect(api, autocommit=True, prepare_threshold=None) as conn:
-            conn.add_notice_handler(partial(_keep, commands))
-            with conn.transaction(force_rollback=True):
-                become(conn, caller.claims)
-                # The commands to the workers, and a delegated function's
-                # own on its worker's shards (local there), as notices.
-                conn.execute("set local citus.log_remote_commands = on")
-                conn.execute("set local citus.log_local_commands = on")
-                conn.execute(query, params)
-        touched = {
-            ranges[int(m)] for c in commands for m in _SHARD_ID.findall(c) if int(m) in ranges
-        }
-        found[name] = len(touched)
-    return found
+    return {
+        name: shard_groups(coordinator_url, caller.claims, sent)
+        for name, sent in statements.items()
+    }
 
 
 async def run_engine(
     name: str, url: str, args: argparse.Namespace, stack: ExitStack
-) -> tuple[dict[str, common.Stats], list[Any], float]:
+) -> tuple[dict[str, common.Stats], list[Any], float, dict[int, float]]:
     admin = stack.enter_context(psycopg.connect(url, autocommit=True))
     url = role_conninfo(url, API_ROLE)  # the API's login, as deployed
     filler = Database(url, max_connections=1)
@@ -176,7 +206,12 @@ async def run_engine(
     proxy = stack.enter_context(common.LatencyProxy(url, args.latency_ms))
     rtt = common.round_trip_ms(proxy.url, 200).median
     print(f"{name}: filled {args.users} users x {args.turns} turns; round trip {rtt:.2f} ms")
-    return await timed(proxy.url, filled, args), filled, rtt
+    stats = await timed(proxy.url, filled, args)
+    rates = {}
+    for clients in [int(c) for c in args.clients.split(",") if c]:
+        rates[clients] = await throughput(url, filled, clients, args.seconds)
+        print(f"{name}: {clients} clients, {rates[clients]:.0f} turns/s")
+    return stats, filled, rtt, rates
 
 
 def main() -> None:
@@ -191,11 +226,13 @@ def main() -> None:
             distribute(cluster.coordinator_url)
             loop = asyncio.new_event_loop()
             run: Callable[[Awaitable[Any]], Any] = loop.run_until_complete
-            plain_stats, _, plain_rtt = run(run_engine("postgresql", plain.url, args, stack))
-            citus_stats, filled, citus_rtt = run(
+            plain_stats, _, plain_rtt, plain_rates = run(
+                run_engine("postgresql", plain.url, args, stack)
+            )
+            citus_stats, filled, citus_rtt, citus_rates = run(
                 run_engine("citus", cluster.coordinator_url, args, stack)
             )
-            groups = shard_groups(cluster.coordinator_url, *filled[0])
+            groups = call_shard_groups(cluster.coordinator_url, *filled[0])
             loop.close()
             with psycopg.connect(plain.url) as conn:
                 report = common.machine_report(conn, plain, load_at_start=load_at_start)
@@ -214,7 +251,13 @@ def main() -> None:
         total_p = sum(plain_stats[c].median for c in CALLS)
         total_c = sum(citus_stats[c].median for c in CALLS)
         rows.append(
-            ["a turn (both)", f"{total_p:.2f}", f"{total_c:.2f}", f"{total_c / total_p:.2f}x", "-"]
+            [
+                "a turn (all three)",
+                f"{total_p:.2f}",
+                f"{total_c:.2f}",
+                f"{total_c / total_p:.2f}x",
+                "-",
+            ]
         )
         print(report)
         print(
@@ -234,6 +277,20 @@ def main() -> None:
                 rows,
             )
         )
+        if plain_rates:
+            print(
+                "throughput: turns/s (a turn's three calls) by concurrent clients, each its own"
+                f" connection and user, {args.seconds:g} s each, no added latency"
+            )
+            print(
+                common.format_table(
+                    ["clients", "postgresql turns/s", "citus turns/s"],
+                    [
+                        [str(c), f"{plain_rates[c]:.0f}", f"{citus_rates[c]:.0f}"]
+                        for c in plain_rates
+                    ],
+                )
+            )
         goal = total_c <= 2 * total_p and all(groups[c] == 1 for c in CALLS)
         print(f"goal (a turn within 2x, one shard group per call): {'met' if goal else 'MISSED'}")
     finally:

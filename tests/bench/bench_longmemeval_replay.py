@@ -67,8 +67,8 @@ MISSED = ("session_recall_all@5", "turn_recall_all@10")
 REPLAYED = "memchat.recall_replayed"
 REPLAYED_HITS = "memchat.recall_hits_replayed"
 CALL = (
-    "select {}(null, 'default', 0, %(q)s::extensions.vector, %(m)s, %(t)s, %(k)s, %(s)s, %(c)s,"
-    " %(f)s, %(u)s)"
+    "select {}(auth.uid(), null, 'default', 0, %(q)s::extensions.vector, %(m)s, %(t)s, %(k)s,"
+    " %(s)s, %(c)s, %(f)s, %(u)s)"
 )
 
 

@@ -219,7 +219,8 @@ OWNER_INDEXES = {
 # A bucket that never runs dry: the turn pays for the write, never a refusal.
 THROTTLE = Rate(per_minute=1e9, burst=1_000_000)
 
-# memchat.recall's statements (supabase/schemas/functions/recall.sql), for
+# memchat.recall's statements (supabase/schemas/functions/recall.sql;
+# memchat.nearest_message_ids' written out), for
 # EXPLAIN: prepared statements whose parameters are the function's variables,
 # so the plan cache picks custom or generic plans as it does for PL/pgSQL.
 # The nearest keys by vector: $1 v_uid, $2 p_agent_name, $3 p_model,
@@ -229,7 +230,19 @@ prepare bench_meaning (uuid, text, text, uuid, bigint, extensions.vector, intege
 select array(
     select k.message_id
       from (select k.message_id, k.embedding operator(extensions.<=>) $6 as distance
-              from memchat.recall_keys($1, $2, $3, $4, $5) k
+              from (select coalesce(e.exchange_id, e.message_id) as message_id, e.embedding
+                      from memchat.message_embeddings e
+                      join public.chat_sessions s on s.id = e.session_id and s.user_id = $1
+                     where e.user_id = $1 and e.agent_name = $2 and e.model = $3
+                       and s.status = 'active' and s.expires_at > pg_catalog.now()
+                       and ($4 is null or e.session_id <> $4 or e.message_id < $5)
+                    union all
+                    select f.message_id, f.embedding
+                      from memchat.message_facts f
+                      join public.chat_sessions s on s.id = f.session_id and s.user_id = $1
+                     where f.user_id = $1 and f.agent_name = $2 and f.model = $3
+                       and s.status = 'active' and s.expires_at > pg_catalog.now()
+                       and ($4 is null or f.session_id <> $4 or f.message_id < $5)) k
              order by distance
              limit $7 * 3) k
      group by k.message_id

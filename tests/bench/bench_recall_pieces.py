@@ -55,17 +55,17 @@ DEPTH = 20
 NO_FLOOR = 9223372036854775807
 
 PIECES: dict[str, str] = {
-    "recall": "select memchat.recall(null, 'default', 0, %(q)s::extensions.vector, %(m)s, %(t)s,"
-    " 10, 0.0, %(c)s, %(f)s, %(u)s)",
+    "recall": "select memchat.recall(auth.uid(), null, 'default', 0, %(q)s::extensions.vector,"
+    " %(m)s, %(t)s, 10, 0.0, %(c)s, %(f)s, %(u)s)",
     "count": "select coalesce(sum(s.message_count), 0) from public.chat_sessions s"
     " where s.user_id = auth.uid() and s.agent_name = 'default' and s.status = 'active'"
     " and s.expires_at > now()",
-    "nearest": "select array(select n.message_id from memchat.nearest_messages(auth.uid(),"
-    " 'default', %(m)s, null, %(floor)s, %(q)s::extensions.vector, %(d)s, null, null) n)",
+    "nearest": "select memchat.nearest_message_ids(auth.uid(),"
+    " 'default', %(m)s, null, %(floor)s, %(q)s::extensions.vector, %(d)s, null, null)",
     "words": "select memchat.rounds_matching('default', %(m)s, memchat.rarer_words("
     "memchat.any_words(%(t)s), %(n)s, memchat.words_budget()), null, %(floor)s, %(d)s, %(n)s)",
-    "period": "select array(select n.message_id from memchat.nearest_messages(auth.uid(),"
-    " 'default', %(m)s, null, %(floor)s, %(q)s::extensions.vector, %(d)s, %(f)s, %(u)s) n)",
+    "period": "select memchat.nearest_message_ids(auth.uid(),"
+    " 'default', %(m)s, null, %(floor)s, %(q)s::extensions.vector, %(d)s, %(f)s, %(u)s)",
 }
 # The word list before supabase/schemas/functions/words.sql: memchat.rounds_matching
 # as supabase/schemas/functions/recall.sql made it (every round holding a word, the

@@ -486,6 +486,19 @@ def _walk(node: dict[str, Any], out: list[dict[str, Any]]) -> None:
         _walk(child, out)
 
 
+def statement_of(body: str) -> str:
+    """The statement a PL/pgSQL body `declare ... begin return (...); end`
+    returns, each variable declared `v_x type := expr;` replaced by its
+    expression."""
+    returned = re.search(r"\breturn\s*\((.*)\);\s*end\s*$", body, re.DOTALL)
+    if returned is None:
+        raise SystemExit("explain: the function's body returns no statement")
+    statement = returned.group(1)
+    for name, expr in re.findall(r"^\s*(v_\w+)\s+[^:;]+:=\s*([^;]+);", body, re.MULTILINE):
+        statement = re.sub(rf"\b{name}\b", f"({expr})", statement)
+    return statement
+
+
 def explain(url: str, owner: Owner, function: str, arg: Any, label: str) -> Plan:
     """EXPLAIN (ANALYZE, BUFFERS) of the function's statement as memchat_user
     with the owner's claims, as a generic plan (the SQL function plans its
@@ -498,7 +511,7 @@ def explain(url: str, owner: Owner, function: str, arg: Any, label: str) -> Plan
         ).fetchone()
         assert row is not None
         body, argname, argtype = row
-        body = re.sub(rf"\b{re.escape(argname)}\b", "$1", body)
+        body = re.sub(rf"\b{re.escape(argname)}\b", "$1", statement_of(body))
         become(conn, owner.caller.claims)
         conn.execute("set local plan_cache_mode = force_generic_plan")
         conn.execute(f"prepare bench_stats ({argtype}) as {body}")

@@ -12,13 +12,14 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from typing import Any
 
 import psycopg
 import pytest
 
 from memchat import store
-from memchat.store.db import Database
+from memchat.store.db import Database, claims_statements
 from memchat.store.distribute import (
     DELEGATED_FUNCTIONS,
     DISTRIBUTED_TABLES,
@@ -29,9 +30,10 @@ from memchat.store.distribute import (
     distribute,
     placed,
 )
+from memchat.store.embeddings import RECALL, RECALL_MEMORIES, recall_params
 from memchat.store.migrations import migrate
-from tests.utils.citus_cluster import CitusCluster
-from tests.utils.store_data import TTL, become, exchange, record
+from tests.utils.citus_cluster import CitusCluster, shard_groups
+from tests.utils.store_data import TTL, become, exchange, record, turn
 from tests.utils.users import UserFactory
 
 # The foreign keys of memchat's tables (not of the shards the coordinator holds).
@@ -182,7 +184,9 @@ def test_the_claims_reach_the_workers_only_as_set_local(
                     psycopg.sql.Literal(propagate)
                 )
             )
-            become(conn, frank.claims)
+            # The API's own statements (`become` would set the propagation).
+            for query, params in claims_statements(frank.claims):
+                conn.execute(query, params)
             if propagate == "local":
                 conn.execute(
                     "insert into public.chat_sessions (id, user_id, agent_name, expires_at)"
@@ -329,7 +333,87 @@ def test_the_turns_functions_run_on_the_callers_worker(
         (list(DELEGATED_FUNCTIONS),),
     ).fetchall()
     # Distributed by their first argument, p_user_id, with the users' tables.
-    assert sorted((index, force, colocated) for _, index, force, colocated in rows) == [
-        (0, True, True),
-        (0, True, True),
-    ]
+    assert sorted(name for name, *_ in rows) == sorted(
+        f.replace(", ", ",").replace("timestamptz", "timestamp with time zone")
+        for f in DELEGATED_FUNCTIONS
+    )
+    assert {(index, force, colocated) for _, index, force, colocated in rows} == {(0, True, True)}
+
+
+DIMS = 512  # the embedding column as the migrations make it
+MODEL = "test-embedding-model"
+
+
+def _axis(i: int) -> list[float]:
+    values = [0.0] * DIMS
+    values[i] = 1.0
+    return values
+
+
+async def test_recall_runs_on_the_callers_worker_in_one_shard_group(
+    api_db: Database, citus_users: UserFactory, distributed: CitusCluster
+) -> None:
+    fay, other = citus_users.create(), citus_users.create()
+    session = uuid.uuid4()
+    said = {
+        "I keep bees on the roof": (0, "Bees: noted."),
+        "My sister lives in Porto": (1, "Porto, noted."),
+        "I am learning the oboe": (2, "The oboe: noted."),
+    }
+    for question, (axis, answer) in said.items():
+        for caller in (fay, other):
+            await store.record_turn(
+                api_db,
+                caller,
+                replace(
+                    turn(session if caller is fay else uuid.uuid4(), exchange(question, answer)),
+                    embedding=store.Embedding(MODEL, _axis(axis)),
+                ),
+            )
+    query = store.RecallQuery(
+        session_id=None,
+        agent_name="default",
+        window=0,
+        embedding=store.Embedding(MODEL, _axis(1)),
+        k=2,
+        min_score=0.0,
+        duplicate_score=0.95,
+        text="where does my sister live?",
+    )
+    hits = await store.recall(api_db, fay, query)
+    # Best by meaning and by words, with its answer; only Fay's own rows.
+    assert hits[0].question == "My sister lives in Porto" and hits[0].answer == "Porto, noted."
+    assert {h.session_id for h in hits} == {session}
+    params = recall_params(fay.user_id, query)
+    statements = [(RECALL, params), (RECALL_MEMORIES, params)]
+    assert shard_groups(distributed.coordinator_url, fay.claims, statements) == 1
+
+
+def test_distribute_puts_the_citus_forms_back_after_a_migration(
+    distributed: CitusCluster, coordinator: psycopg.Connection
+) -> None:
+    def forms() -> tuple[bool, bool, bool]:
+        """The claims' Citus forms, and the statistics step's setting."""
+        row = coordinator.execute(
+            "select (select strpos(prosrc, 'claim_due') > 0 from pg_proc where oid ="
+            "          'memchat.summary_claim(integer, double precision)'::regprocedure),"
+            "       (select strpos(prosrc, 'claim_due') > 0 from pg_proc where oid ="
+            "          'memchat.embedding_claim(integer, double precision)'::regprocedure),"
+            "       (select 'citus.multi_shard_modify_mode=sequential' = any(proconfig)"
+            "          from pg_proc where oid = 'memchat.embedding_statistics()'::regprocedure)"
+        ).fetchone()
+        assert row is not None
+        return (row[0], row[1], row[2])
+
+    assert forms() == (True, True, True)
+    # A later migration replaces them with their plain-PostgreSQL forms.
+    coordinator.execute(
+        "create or replace function memchat.summary_claim(p_limit integer,"
+        " p_lease_seconds double precision) returns jsonb language plpgsql security definer"
+        " set search_path = '' as $$ begin return '[]'::jsonb; end $$"
+    )
+    coordinator.execute("alter function memchat.embedding_statistics() reset all")
+    coordinator.execute("alter function memchat.embedding_statistics() set search_path = ''")
+    assert forms() == (False, True, False)
+    distribute(distributed.coordinator_url)
+    assert forms() == (True, True, True)

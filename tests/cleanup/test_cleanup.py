@@ -188,9 +188,10 @@ def test_batch_size_must_be_positive_and_the_pause_factor_not_negative(cleanup_u
 def _expired_now(seed: Seeder) -> tuple[int, int]:
     """What a run would delete now, across the whole database."""
     row = seed.admin.execute(
-        "select count(*), (select count(*) from public.chat_message_history h"
-        "   join public.chat_sessions s on s.id = h.session_id where s.expires_at <= now())"
-        " from public.chat_sessions where expires_at <= now()"
+        "select (select count(*) from public.chat_sessions where expires_at <= now()),"
+        " (select count(*) from public.chat_message_history h"
+        "   join public.chat_sessions s on s.id = h.session_id and s.user_id = h.user_id"
+        "  where s.expires_at <= now())"
     ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])

@@ -135,6 +135,7 @@ def test_a_fixed_factor_or_none_does_not_adapt(cleanup_url, users, seed: Seeder)
     assert flat_out.pauses == []
 
 
+@pytest.mark.plain_only  # this server's transaction counter
 def test_others_writing_lengthens_the_pause_until_the_database_is_idle(
     cleanup_url, users, seed: Seeder
 ):
@@ -213,8 +214,8 @@ def test_a_batch_held_up_by_a_lock_lengthens_the_pause(admin_url, cleanup_url, u
         with psycopg.connect(admin_url) as turn, turn.transaction():
             turn.execute(
                 "select 1 from public.user_agent_active_sessions"
-                " where active_session_id = %s for update",
-                (held,),
+                " where user_id = %s and active_session_id = %s for update",
+                (user.user_id, held),
             )
             locked.set()
             turn.execute("select pg_sleep(%s)", (hold_seconds,))

@@ -17,22 +17,27 @@ from datetime import timedelta
 import psycopg
 
 from memchat import messages, store
+from memchat.store.cleanup import on_citus
 from memchat.store.db import connect_kwargs
 from tests.cleanup.conftest import Seeder, cleanup_on
 
 # What a turn does to the session row (memchat.record_turn): lock it, then slide it.
-LOCK = "select 1 from public.chat_sessions where id = %(session_id)s for update"
+LOCK = (
+    "select 1 from public.chat_sessions where id = %(session_id)s and user_id = %(user_id)s"
+    " for update"
+)
 EXTEND = (
     "update public.chat_sessions set expires_at = now() + interval '1 hour',"
-    " last_active_at = now() where id = %(session_id)s"
+    " last_active_at = now() where id = %(session_id)s and user_id = %(user_id)s"
 )
 
 
-def _open_turn(admin_url: str, session_id: uuid.UUID) -> psycopg.Connection:
+def _open_turn(admin_url: str, session_id: uuid.UUID, user_id: uuid.UUID) -> psycopg.Connection:
     """A turn's transaction, left open: the session locked and extended."""
     turn = psycopg.connect(admin_url)  # not autocommit: the transaction stays open
-    turn.execute(LOCK, {"session_id": session_id})
-    turn.execute(EXTEND, {"session_id": session_id})
+    keys = {"session_id": session_id, "user_id": user_id}
+    turn.execute(LOCK, keys)
+    turn.execute(EXTEND, keys)
     return turn
 
 
@@ -43,7 +48,7 @@ def test_a_session_a_turn_is_extending_is_skipped_without_waiting(
     extended = seed.session(user.user_id, messages=3, active=True)
     idle = seed.session(user.user_id, messages=2)
 
-    turn = _open_turn(admin_url, extended)
+    turn = _open_turn(admin_url, extended, user.user_id)
     try:
         with psycopg.connect(cleanup_url, **connect_kwargs()) as cleaner:
             cleaner.execute("set lock_timeout = '5s'")  # waiting would fail, not hang
@@ -74,7 +79,7 @@ def test_an_extension_committed_just_before_the_batch_is_seen(
 ):
     user = users.create()
     extended = seed.session(user.user_id, messages=3)
-    turn = _open_turn(admin_url, extended)
+    turn = _open_turn(admin_url, extended, user.user_id)
     turn.commit()
     turn.close()
 
@@ -126,6 +131,10 @@ def test_two_cleanups_at_once_delete_each_row_once(cleanup_url, users, seed: See
     # Every deleted row was counted by exactly one of them.
     assert first.deleted_sessions + second.deleted_sessions == sessions_before - sessions_after
     assert first.deleted_messages + second.deleted_messages == messages_before - messages_after
-    assert first.deleted_sessions > 0 and second.deleted_sessions > 0  # they shared the work
+    # They shared the work. On Citus a batch reads its sessions without a
+    # lock and passes over those the other holds: the one that meets only
+    # held ones stops (docs/deploy.md, "Citus").
+    if not on_citus(seed.admin):
+        assert first.deleted_sessions > 0 and second.deleted_sessions > 0
     assert seed.user_sessions(user.user_id) == 0 and seed.user_messages(user.user_id) == 0
     assert seed.exists(live) and seed.message_count(live) == 2

@@ -86,7 +86,7 @@ def embedded(conn: psycopg.Connection, user_id: uuid.UUID) -> dict[str, tuple[st
     rows = conn.execute(
         "select h.message->'data'->>'content', e.model, extensions.vector_dims(e.embedding)"
         " from memchat.message_embeddings e"
-        " join public.chat_message_history h on h.id = e.message_id"
+        " join public.chat_message_history h on h.id = e.message_id and h.user_id = e.user_id"
         " where e.user_id = %s",
         (user_id,),
     ).fetchall()
@@ -104,7 +104,7 @@ def stored_vector(conn: psycopg.Connection, text: str) -> list[float]:
     literal = value(
         conn,
         "select e.embedding::text from memchat.message_embeddings e"
-        " join public.chat_message_history h on h.id = e.message_id"
+        " join public.chat_message_history h on h.id = e.message_id and h.user_id = e.user_id"
         " where h.message->'data'->>'content' = %s",
         (text,),
     )

@@ -19,7 +19,7 @@ import pytest
 
 from memchat import messages, store
 from memchat.store.db import Database
-from tests.store.conftest import refused
+from tests.store.conftest import refusals, refused
 from tests.utils.analytics_data import Fresh, fresh_database
 from tests.utils.store_data import acting_as, exchange, record, tool_exchange
 from tests.utils.users import UserFactory
@@ -187,7 +187,7 @@ async def test_a_caller_writes_no_queue_row_of_someone_elses_session(
                 "insert into memchat.embedding_queue (session_id, user_id) values (%s, %s)",
                 (theirs.id, bob.user_id),
             )
-        with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():
+        with pytest.raises(refusals(conn)), conn.transaction():
             conn.execute(
                 "insert into memchat.embedding_queue (session_id, user_id) values (%s, %s)",
                 (theirs.id, alice.user_id),

@@ -16,7 +16,7 @@ import pytest
 from memchat import messages
 from memchat.errors import DatabaseUnavailable
 from memchat.store.db import Database, RequestLimits
-from tests.store.conftest import World
+from tests.store.conftest import World, on_citus
 from tests.store.test_privileges import sqlstate
 from tests.utils.store_data import (
     acting_as,
@@ -41,7 +41,10 @@ def test_nobody_queues_a_summary_of_someone_elses_session(
     queue A's session (as B's row, or keep it leased) and delay A's turns."""
     params = {"session": world.a_session, "owner": getattr(world, owner).user_id}
     with acting_as(conn, world.b.claims):
-        assert sqlstate(conn, INSERT_QUEUE, params) == "42501"
+        # On Citus B's row for A's session meets the composite key first
+        # (see tests/store/conftest.py, refused).
+        refusals = {"42501", "23503"} if on_citus(conn) else {"42501"}
+        assert sqlstate(conn, INSERT_QUEUE, params) in refusals
 
 
 def test_a_user_queues_their_own_session(conn: psycopg.Connection, world: World) -> None:
@@ -65,7 +68,10 @@ def test_the_api_role_cannot_choose_a_message_id(conn: psycopg.Connection, world
     with acting_as(conn, world.a.claims):
         assert sqlstate(conn, insert, world.params) == "428C9"  # generated_always
         overriding = insert.replace(") values", ") overriding system value values", 1)
-        assert sqlstate(conn, overriding, world.params) == "42501"  # the owner's only
+        # The owner's only; on Citus the inserters hold the column (docs/deploy.md,
+        # "Citus": identity columns), so ids collide with the user's own rows only.
+        if not on_citus(conn):
+            assert sqlstate(conn, overriding, world.params) == "42501"
 
 
 # ------------------------------------- 6. the Data API and the id sequence
@@ -181,4 +187,7 @@ def test_a_turns_function_refuses_a_user_id_not_the_callers(
 
     with acting_as(conn, world.b.claims):
         assert sqlstate(conn, statement, args(world.a.user_id)) == "42501"
-        assert sqlstate(conn, statement, args(None)) == "42501"
+        # A delegated function called with a null distribution argument
+        # crashes Citus 14.0.1's coordinator (docs/deploy.md): never sent there.
+        if not on_citus(conn):
+            assert sqlstate(conn, statement, args(None)) == "42501"

@@ -321,8 +321,9 @@ def test_the_data_api_cannot_read_vectors(
         assert refused(gateway, "select * from memchat.message_embeddings", {})
         assert refused(
             gateway,
-            "select memchat.recall(null, 'default', 10, %(v)s::extensions.vector, 'm', 3, 0, 0.9)",
-            {"v": store.fragments.vector_literal(unit(1))},
+            "select memchat.recall(%(u)s, null, 'default', 10, %(v)s::extensions.vector, 'm',"
+            " null, 3, 0, 0.9, null, null)",
+            {"u": a.user_id, "v": store.fragments.vector_literal(unit(1))},
         )
         assert refused(
             gateway, "select memchat.recall_hits(array[1]::bigint[], array[1.0], null, null)", {}

@@ -614,9 +614,9 @@ def test_a_callers_keys_are_read_once_however_many_sessions_hold_them(own: Fresh
     with acting_as(own.admin, alice.claims) as conn:
         found = scalar(
             conn,
-            "select memchat.recall(null, 'default', 0, %s::extensions.vector, %s, %s,"
+            "select memchat.recall(%s, null, 'default', 0, %s::extensions.vector, %s, %s,"
             " 5, 0.0, 0.95, null, null)",
-            (vector_literal(vectors[7]), MODEL, f"parrot {names[7]}"),
+            (alice.user_id, vector_literal(vectors[7]), MODEL, f"parrot {names[7]}"),
         )
     assert found[0]["message_id"] == mine[7]
     scans, read = reads_after(own.admin, keys_read, before)
@@ -805,9 +805,9 @@ def test_a_small_partitions_graph_is_searched_with_a_shorter_candidate_list(own:
         with acting_as(own.admin, caller.claims) as conn:
             hits = scalar(
                 conn,
-                "select memchat.recall(null, 'default', 10, %s::extensions.vector, %s, null,"
+                "select memchat.recall(%s, null, 'default', 10, %s::extensions.vector, %s, null,"
                 " 3, 0.0, 0.95, null, null)",
-                (vector_literal(target), MODEL),
+                (caller.user_id, vector_literal(target), MODEL),
             )
             ef = int(scalar(conn, "select current_setting('hnsw.ef_search')"))
         assert hits[0]["message_id"] == ids[size // 2]

@@ -103,7 +103,7 @@ DRIFTS = {
         "functions/recall.sql",
         "v_depth integer := greatest(p_k * 2, 20);",
         "v_depth integer := greatest(p_k * 3, 20);",
-        "function memchat.recall(uuid,text,integer,extensions.vector,text,text,integer,"
+        "function memchat.recall(uuid,uuid,text,integer,extensions.vector,text,text,integer,"
         "double precision,double precision,timestamp with time zone,timestamp with time zone):"
         " definition differs",
     ),

@@ -45,6 +45,7 @@ LOOKUPS: dict[str, tuple[Query, Any]] = {
     "recall": (
         store.embeddings.RECALL,
         lambda uid, sid: store.embeddings.recall_params(
+            uid,
             store.RecallQuery(
                 session_id=sid,
                 agent_name="default",
@@ -54,7 +55,7 @@ LOOKUPS: dict[str, tuple[Query, Any]] = {
                 min_score=0.3,
                 duplicate_score=0.95,
                 text="hello",
-            )
+            ),
         ),
     ),
 }

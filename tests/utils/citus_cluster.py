@@ -12,14 +12,16 @@ directories, which pytest closes again (tests/utils/embedded_postgres.py).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import stat
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.utils.processes import free_port
 
@@ -145,3 +147,41 @@ def citus_cluster(tmp_dir: Path) -> Iterator[CitusCluster]:
         )
     finally:
         _run("stop", str(directory), timeout=STOP_SECONDS)
+
+
+_SHARD_ID = re.compile(r"_(\d{6,})\b")
+
+
+def shard_groups(
+    coordinator_url: str, claims: Mapping[str, Any], statements: Sequence[tuple[str, Any]]
+) -> int:
+    """How many shard groups `statements` touch, run as the caller of `claims`
+    through the API's login (rolled back): the commands Citus sends to the
+    workers, and a delegated function's own on its worker's shards (local
+    there), reported as notices (citus.log_remote_commands,
+    citus.log_local_commands), their shards grouped by hash range (a user's
+    rows of every co-located table share one)."""
+    import psycopg
+
+    from memchat.devdb import API_ROLE, role_conninfo
+    from memchat.store.fragments import register
+    from tests.utils.store_data import become
+
+    with psycopg.connect(coordinator_url, autocommit=True) as admin:
+        ranges = dict(
+            admin.execute(
+                "select shardid, shardminvalue from pg_dist_shard where shardminvalue is not null"
+            ).fetchall()
+        )
+    commands: list[str] = []
+    api = role_conninfo(coordinator_url, API_ROLE)
+    with psycopg.connect(api, autocommit=True, prepare_threshold=None) as conn:
+        register(conn.adapters)  # the store's vector parameters
+        conn.add_notice_handler(lambda notice: commands.append(notice.message_primary or ""))
+        with conn.transaction(force_rollback=True):
+            become(conn, claims)
+            conn.execute("set local citus.log_remote_commands = on")
+            conn.execute("set local citus.log_local_commands = on")
+            for query, params in statements:
+                conn.execute(query, params)
+    return len({ranges[int(m)] for c in commands for m in _SHARD_ID.findall(c) if int(m) in ranges})

@@ -159,9 +159,19 @@ def snapshot(admin: psycopg.Connection, user_id: uuid.UUID) -> dict[str, list[di
 
 def become(conn: psycopg.Connection, claims: Mapping[str, Any]) -> None:
     """Makes `conn`'s open transaction a user request's, as the API does
-    (memchat.store.db.claims_statements)."""
+    (memchat.store.db.claims_statements). On Citus, whatever the login (the
+    owner's too), the claims go to the workers as the API's login sends them
+    (`memchat db distribute` gives it citus.propagate_set_commands)."""
+    conn.execute(PROPAGATE_CLAIMS)
     for query, params in claims_statements(claims):
         conn.execute(query, params)
+
+
+# On Citus only (elsewhere the setting does not exist, and nothing is set).
+PROPAGATE_CLAIMS = (
+    "select set_config('citus.propagate_set_commands', 'local', true)"
+    " where current_setting('citus.propagate_set_commands', true) is not null"
+)
 
 
 @contextmanager

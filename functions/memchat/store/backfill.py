@@ -45,20 +45,34 @@ _STATISTICS = "select memchat.embedding_statistics()"
 _DONE = "select memchat.embedding_done(%s, %s)"
 _FAILED = "select memchat.embedding_failed(%s, %s)"
 
-# The sessions with a message lacking an embedding of %(model)s: live ones
-# (the cleanup deletes the others' messages), as the owner.
-_LACKING = sql.SQL("""
+# The live sessions (the cleanup deletes the others' messages), as the owner;
+# then those of them with a message lacking an embedding of %(model)s, in a
+# statement that reads no table itself (on Citus a function reading a
+# distributed table cannot run inside one that does).
+_LIVE = """
+select coalesce(array_agg(s.id), '{}'), coalesce(array_agg(s.user_id), '{}')
   from public.chat_sessions s
- cross join lateral memchat.unembedded_messages(s.user_id, s.id, %(model)s) u
- where s.status = 'active' and s.expires_at > now()""")
+ where s.status = 'active' and s.expires_at > now()"""
+_LACKING = sql.SQL("""
+  from unnest(%(sessions)s::uuid[], %(users)s::uuid[]) s(id, user_id)
+ cross join lateral memchat.unembedded_messages(s.user_id, s.id, %(model)s) u""")
 # Queued, or ready now if they were: a lease left by a stopped run, a backoff
-# or a give-up no longer holds them back.
+# or a give-up no longer holds them back (`excluded`'s next_attempt_at is
+# its default, now(): Citus refuses now() itself in DO UPDATE).
 _QUEUE_LACKING = sql.SQL("""
 insert into memchat.embedding_queue as q (session_id, user_id)
 select distinct s.id, s.user_id {lacking}
 on conflict (session_id, user_id) do update
-   set attempts = 0, next_attempt_at = now(), lease = null""").format(lacking=_LACKING)
+   set attempts = 0, next_attempt_at = excluded.next_attempt_at, lease = null""").format(
+    lacking=_LACKING
+)
 _COUNT_LACKING = sql.SQL("select count(*) {lacking}").format(lacking=_LACKING)
+
+
+def _lacking_params(conn: psycopg.Connection[Any], model: str) -> dict[str, Any]:
+    row = conn.execute(_LIVE).fetchone()
+    assert row is not None
+    return {"sessions": row[0], "users": row[1], "model": model}
 
 
 # ------------------------------------------------------------------ the API
@@ -189,10 +203,10 @@ async def embeddings_failed(db: Database, item: DueEmbeddings, *, retry_in: floa
 def queue_unembedded(conn: psycopg.Connection[Any], model: str) -> int:
     """Queue every live session with a message lacking an embedding of `model`,
     ready now. Returns how many sessions that is."""
-    return conn.execute(_QUEUE_LACKING, {"model": model}).rowcount
+    return conn.execute(_QUEUE_LACKING, _lacking_params(conn, model)).rowcount
 
 
 def count_unembedded(conn: psycopg.Connection[Any], model: str) -> int:
     """How many messages of live sessions lack an embedding of `model`."""
-    row = conn.execute(_COUNT_LACKING, {"model": model}).fetchone()
+    row = conn.execute(_COUNT_LACKING, _lacking_params(conn, model)).fetchone()
     return int(row[0]) if row else 0

@@ -38,6 +38,35 @@ with doomed as (
 )
 select count(*) from gone
 """
+# On Citus, which runs FOR UPDATE on one shard only: the batch read without
+# a lock, then each of its users' sessions locked and deleted in a
+# statement routed to that user's shard, skipping those a live turn holds
+# (the lock re-reads expires_at, as above). The messages deleted are counted
+# by their sessions' counters: the statement trigger that adds them up does
+# not run there (supabase/citus/triggers.sql), nor may the cleanup read a
+# message there (supabase/citus/policies.sql).
+_DOOMED = """
+select d.user_id, array_agg(d.id)
+  from (select s.id, s.user_id from public.chat_sessions s
+         where s.expires_at <= now()
+         order by s.expires_at
+         limit %(batch)s) d
+ group by d.user_id
+"""
+_EXPIRE_USERS = """
+with doomed as (
+    select s.id from public.chat_sessions s
+     where s.user_id = %(user_id)s and s.id = any(%(ids)s::uuid[]) and s.expires_at <= now()
+       for update skip locked
+)
+delete from public.chat_sessions s using doomed d
+ where s.user_id = %(user_id)s and s.id = d.id
+returning s.message_count
+"""
+_COUNT_EXPIRED_BY_COUNTERS = """
+select count(*), coalesce(sum(s.message_count), 0)::bigint
+  from public.chat_sessions s where s.expires_at <= now()
+"""
 _DELETED_MESSAGES = (
     "select coalesce(nullif(current_setting('memchat.deleted_messages', true), ''), '0')::bigint"
 )
@@ -68,10 +97,28 @@ def expire_sessions_batch(
         # Never queue behind a user's own writes for long; the next run resumes.
         conn.execute("set local lock_timeout = '5s'")
         conn.execute(_RETENTION.format(sql.Literal(str(retention_days))))
+        if on_citus(conn):
+            return _expire_doomed(conn, batch)
         sessions = conn.execute(_EXPIRE_BATCH, {"batch": batch}).fetchone()
         messages = conn.execute(_DELETED_MESSAGES).fetchone()
     assert sessions is not None and messages is not None
     return int(sessions[0]), int(messages[0])
+
+
+def _expire_doomed(conn: psycopg.Connection[Any], batch: int) -> tuple[int, int]:
+    """expire_sessions_batch's deletes on Citus (_DOOMED, _EXPIRE_USERS)."""
+    sessions = messages = 0
+    for user_id, ids in conn.execute(_DOOMED, {"batch": batch}).fetchall():
+        counts = conn.execute(_EXPIRE_USERS, {"user_id": user_id, "ids": ids}).fetchall()
+        sessions += len(counts)
+        messages += sum(int(row[0]) for row in counts)
+    return sessions, messages
+
+
+def on_citus(conn: psycopg.Connection[Any]) -> bool:
+    """Whether `conn` is to a Citus coordinator (`memchat db distribute`)."""
+    row = conn.execute("select to_regclass('pg_catalog.pg_dist_partition') is not null").fetchone()
+    return bool(row and row[0])
 
 
 # Memories past their retention, oldest first, a batch at a time (no row
@@ -116,8 +163,9 @@ def purge_idle_rate_buckets(conn: psycopg.Connection[Any]) -> int:
 
 
 def count_expired(conn: psycopg.Connection[Any]) -> tuple[int, int]:
-    """(sessions, messages) a cleanup run would delete now."""
-    row = conn.execute(_COUNT_EXPIRED).fetchone()
+    """(sessions, messages) a cleanup run would delete now (on Citus, the
+    messages by their sessions' counters, as it deletes them)."""
+    row = conn.execute(_COUNT_EXPIRED_BY_COUNTERS if on_citus(conn) else _COUNT_EXPIRED).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])
 

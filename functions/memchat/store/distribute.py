@@ -16,6 +16,11 @@ on the way, in one transaction:
   shard of its row), but those that read a statement's transition table,
   which Citus cannot plan, become the row triggers of
   `supabase/citus/triggers.sql`, and the TRUNCATE one goes;
+- the workers' claims: without FOR UPDATE SKIP LOCKED, which Citus runs on
+  no distributed table, as `supabase/citus/workers.sql` writes them; the
+  history import a row per statement (`supabase/citus/import.sql`: Citus
+  would copy an INSERT ... SELECT's rows, which row-level security
+  refuses); after a later `memchat migrate`, run this again;
 - the login roles: `citus.propagate_set_commands = 'local'`, so the claims
   a request sets (memchat.begin_request) reach every worker it touches, and
   custom plans only (`plan_cache_mode`, the functions' too), which Citus
@@ -46,6 +51,8 @@ from memchat.store.migrations import SUPABASE_DIR, discover
 
 CITUS_POLICIES = SUPABASE_DIR / "citus" / "policies.sql"
 CITUS_TRIGGERS = SUPABASE_DIR / "citus" / "triggers.sql"
+CITUS_WORKERS = SUPABASE_DIR / "citus" / "workers.sql"
+CITUS_IMPORT = SUPABASE_DIR / "citus" / "import.sql"
 
 # Tables read by every user and written rarely: a copy on every node.
 REFERENCE_TABLES = (
@@ -82,6 +89,10 @@ DELEGATED_FUNCTIONS = (
     " integer, double precision, integer)",
     "memchat.record_turn(uuid, uuid, text, text, jsonb, interval, text, text, integer,"
     " boolean, extensions.vector, text, integer)",
+    "memchat.recall(uuid, uuid, text, integer, extensions.vector, text, text, integer,"
+    " double precision, double precision, timestamptz, timestamptz)",
+    "memchat.recall_memories(uuid, text, extensions.vector, text, text, integer, double precision)",
+    "memchat.import_memories(uuid, jsonb, integer)",
 )
 
 # The login roles of memchat's statements: their sessions get these settings.
@@ -187,8 +198,9 @@ def distribute(conninfo: str) -> Distribution:
                             _table(table), sql.Identifier(name), sql.SQL(definition)
                         )
                     )
-            for statement in statements(CITUS_TRIGGERS.read_text()):
-                conn.execute(statement)
+            for script in (CITUS_TRIGGERS, CITUS_WORKERS, CITUS_IMPORT):
+                for statement in statements(script.read_text()):
+                    conn.execute(statement)
             _set_sessions(conn)
             for function in DELEGATED_FUNCTIONS:
                 conn.execute(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,16 +16,21 @@ from memchat.store.records import Caller, Hit, RecallQuery
 from memchat.throttle import Bucket
 
 # memchat.recall's parameters by name: each named once, here.
-# The live exchanges (memchat.recall) and, in the same statement, the
-# durable memories whose session is gone (memchat.recall_memories).
+# The live exchanges (memchat.recall) and, in the same pipeline, the durable
+# memories whose session is gone (memchat.recall_memories): each call a
+# statement of its own, so that on Citus each is delegated to the caller's
+# worker (`memchat db distribute`).
 RECALL = """
 select memchat.recall(
+  p_user_id => %(user_id)s,
   p_session_id => %(session_id)s, p_agent_name => %(agent_name)s, p_window => %(window)s,
   p_query => %(embedding)s::extensions.vector, p_model => %(model)s, p_text => %(text)s,
   p_k => %(k)s, p_min_score => %(min_score)s, p_collapse => %(duplicate_score)s,
-  p_from => %(period_start)s, p_until => %(period_end)s),
-  memchat.recall_memories(%(agent_name)s, %(embedding)s::extensions.vector, %(model)s,
-                          %(text)s, %(k)s, %(min_score)s)
+  p_from => %(period_start)s, p_until => %(period_end)s)
+"""
+RECALL_MEMORIES = """
+select memchat.recall_memories(%(user_id)s, %(agent_name)s, %(embedding)s::extensions.vector,
+                               %(model)s, %(text)s, %(k)s, %(min_score)s)
 """
 _EMBEDDING_DIMENSIONS = "select memchat.embedding_dimensions()"
 # What no longer fits goes first, in the same transaction as the new type; the
@@ -57,10 +63,11 @@ _ADOPT_UNKNOWN = "update memchat.message_embeddings set model = %s where model i
 _ANY_EMBEDDING = "select exists (select 1 from memchat.message_embeddings)"
 
 
-def recall_params(query: RecallQuery) -> dict[str, Any]:
-    """RECALL's parameters for `query`."""
+def recall_params(user_id: uuid.UUID, query: RecallQuery) -> dict[str, Any]:
+    """RECALL's and RECALL_MEMORIES' parameters for `query` by `user_id`."""
     period = query.period
     return {
+        "user_id": user_id,
         "session_id": query.session_id,
         "agent_name": query.agent_name,
         "window": query.window,
@@ -98,12 +105,16 @@ async def recall(
     each with the answer it got and its neighbours (memchat.recall), and the
     durable memories of transcripts gone; taking a token of `throttle`
     first, in the same transaction, when given."""
+    params = recall_params(caller.user_id, query)
     async with db.pipeline(caller.claims, throttle=throttle) as conn:
-        cur = conn.cursor()
-        await cur.execute(RECALL, recall_params(query))
-    row = await cur.fetchone()
-    assert row is not None
-    return hits_from_json(row[0], row[1], query.k)
+        exchanges = conn.cursor()
+        await exchanges.execute(RECALL, params)
+        memories = conn.cursor()
+        await memories.execute(RECALL_MEMORIES, params)
+    rows = await exchanges.fetchone()
+    remembered = await memories.fetchone()
+    assert rows is not None and remembered is not None
+    return hits_from_json(rows[0], remembered[0], query.k)
 
 
 def embedding_dimensions(conn: psycopg.Connection[Any], *, role: str | None = REQUEST_ROLE) -> int:

@@ -23,7 +23,7 @@ _SAVE = (
     "select memchat.memories_save(%s::uuid[], %s, %s::bigint[], %s::integer[], %s::text[],"
     " %s::text[], %s::text[])"
 )
-_IMPORT = "select memchat.import_memories(%s::jsonb, %s)"
+_IMPORT = "select memchat.import_memories(%s, %s::jsonb, %s)"
 _UNEMBEDDED = "select memchat.memory_embedding_source(%s, %s)"
 _SAVE_EMBEDDINGS = "select memchat.memory_embedding_save(%s::bigint[], %s::uuid[], %s, %s::text[])"
 
@@ -53,12 +53,21 @@ select coalesce(jsonb_agg(x.memory order by x.created_at desc, x.message_id desc
          order by m.created_at desc, m.message_id desc, m.ordinal desc
          limit %(limit)s) x
 """).format(fields=_FIELDS)
-_SEARCH = sql.SQL("""
-select coalesce(jsonb_agg({fields} || jsonb_build_object('score', f.score)
-                          order by f.ordinality), '[]'::jsonb)
+# A search in two statements: the matches' ids and scores first, in a
+# statement that reads no table itself (on Citus a function reading a
+# distributed table cannot run inside one that does), then the memories.
+_MATCHES = """
+select coalesce(array_agg(f.id order by f.ordinality), '{}'),
+       coalesce(array_agg(f.score order by f.ordinality), '{}')
   from memchat.search_memories(%(agent_name)s, %(query)s::extensions.vector, %(model)s,
                                %(text)s, %(limit)s, %(min_score)s, false)
        with ordinality f
+"""
+_SEARCH = sql.SQL("""
+select coalesce(jsonb_agg({fields} || jsonb_build_object('score', f.score)
+                          order by f.ordinality), '[]'::jsonb)
+  from unnest(%(ids)s::bigint[], %(scores)s::double precision[]) with ordinality
+       f(id, score, ordinality)
   join memchat.memories m on m.id = f.id and m.user_id = %(user_id)s
 """).format(fields=_FIELDS)
 # The caller's memories of the ids given deleted, each marked forgotten, and
@@ -146,7 +155,7 @@ async def import_memories(
         }
         for m in memories
     ]
-    params = (json.dumps(given, ensure_ascii=False), retention_days)
+    params = (caller.user_id, json.dumps(given, ensure_ascii=False), retention_days)
     return int(await db.value(caller.claims, _IMPORT, params) or 0)
 
 
@@ -307,7 +316,7 @@ async def search_memories(
     """The caller's memories of an agent that match `text` (its embedding
     `query` of `model`, or None: by words only), best first; taking a token
     of `throttle` first, in the same transaction, when given."""
-    params = {
+    params: dict[str, Any] = {
         "agent_name": agent_name,
         "query": vector_literal(query) if query is not None else None,
         "model": model,
@@ -315,8 +324,15 @@ async def search_memories(
         "limit": limit,
         "min_score": min_score,
         "days": retention_days,
+        "user_id": caller.user_id,
     }
-    return await _memories(db, caller, _SEARCH, params, throttle)
+    async with db.pipeline(caller.claims, throttle=throttle) as conn:
+        matches = await conn.execute(_MATCHES, params)
+        row = await matches.fetchone()  # in the block: its own round trip
+        assert row is not None
+        found = await conn.execute(_SEARCH, {**params, "ids": row[0], "scores": row[1]})
+    rows = await found.fetchone()
+    return _as_memories(rows[0] if rows else None)
 
 
 async def delete_memory(db: Database, caller: Caller, memory_id: int) -> int:
@@ -334,5 +350,8 @@ async def _memories(
     throttle: Bucket | None = None,
 ) -> list[Memory]:
     params = {**params, "user_id": caller.user_id}
-    found = await db.value(caller.claims, query, params, throttle=throttle)
+    return _as_memories(await db.value(caller.claims, query, params, throttle=throttle))
+
+
+def _as_memories(found: list[dict[str, Any]] | None) -> list[Memory]:
     return [Memory.from_json(item) for item in found or []]

@@ -60,24 +60,32 @@ $$;
 -- embedding of that model, or its fact keys and memories are due: a user
 -- message's, not yet made with its embedding's model. The embeddable
 -- messages of one session that do, the embedding looked up in its owner's
--- partition. Runs as its caller (inlined as well): under RLS for the API's
--- role, as the owner inside the worker's functions.
+-- partition. PL/pgSQL, called in an expression or from a
+-- statement that reads no table itself (on Citus a function reading a
+-- distributed table cannot run inside one that does: docs/deploy.md). Runs
+-- as its caller: under RLS for the API's role, as the owner inside the
+-- worker's functions.
 create function memchat.unembedded_messages(
   p_user_id uuid, p_session_id uuid, p_model text
 )
-returns setof public.chat_message_history
-language sql stable
+returns table (id bigint, message jsonb)
+language plpgsql stable
+set search_path = ''
 as $$
-  select h.* from public.chat_message_history h
-   where h.user_id = p_user_id and h.session_id = p_session_id
-     and memchat.embeddable(h.message)
-     and not exists (select 1 from memchat.message_embeddings e
-                      where e.message_id = h.id and e.user_id = p_user_id
-                        and (p_model is null or e.model = p_model)
-                        and (e.facts_model is not distinct from e.model
-                             or exists (select 1 from memchat.message_facts_made m
-                                         where m.message_id = e.message_id
-                                           and m.model = e.model)))
+begin
+  return query
+    select h.id, h.message from public.chat_message_history h
+     where h.user_id = p_user_id and h.session_id = p_session_id
+       and memchat.embeddable(h.message)
+       and not exists (select 1 from memchat.message_embeddings e
+                        where e.message_id = h.id and e.user_id = p_user_id
+                          and (p_model is null or e.model = p_model)
+                          and (e.facts_model is not distinct from e.model
+                               or exists (select 1 from memchat.message_facts_made m
+                                           where m.message_id = e.message_id
+                                             and m.user_id = p_user_id
+                                             and m.model = e.model)));
+end
 $$;
 
 -- ------------------------------------------------------- the API's side
@@ -124,15 +132,23 @@ as $$
 declare
   -- The caller, a parameter of each statement: on Citus, its shard.
   v_uid uuid := auth.uid();
+  v_sessions uuid[];
+  v_given_up boolean[];
 begin
-  select (count(*) filter (where q.next_attempt_at <> 'infinity'))::integer,
-         (count(*) filter (where q.next_attempt_at = 'infinity'))::integer
-    into pending, failed
+  -- The queued live sessions first; their messages in a statement that
+  -- reads no table itself (memchat.unembedded_messages).
+  select coalesce(array_agg(q.session_id), '{}'),
+         coalesce(array_agg(q.next_attempt_at = 'infinity'), '{}')
+    into v_sessions, v_given_up
     from memchat.embedding_queue q
-    join public.chat_sessions s on s.id = q.session_id and s.user_id = q.user_id
-    cross join lateral memchat.unembedded_messages(q.user_id, q.session_id, null) u
+    join public.chat_sessions s on s.id = q.session_id and s.user_id = v_uid
    where q.user_id = v_uid
      and s.status = 'active' and s.expires_at > now();
+  select (count(*) filter (where not q.given_up))::integer,
+         (count(*) filter (where q.given_up))::integer
+    into pending, failed
+    from unnest(v_sessions, v_given_up) q(session_id, given_up)
+    cross join lateral memchat.unembedded_messages(v_uid, q.session_id, null) u;
 end
 $$;
 
@@ -197,22 +213,36 @@ language plpgsql stable
 security definer
 set search_path = ''
 as $$
+declare
+  v_item memchat.embedding_queue := memchat.embedding_leased(p_lease);
+  v_ids bigint[];
+  v_messages jsonb[];
 begin
+  if v_item.session_id is null or not exists (
+       select 1 from public.chat_sessions s
+        where s.id = v_item.session_id and s.user_id = v_item.user_id
+          and s.status = 'active' and s.expires_at > now()) then
+    return '[]'::jsonb;
+  end if;
+  -- The messages first, in a statement that reads no table itself
+  -- (memchat.unembedded_messages), then whether each has its embedding.
+  select coalesce(array_agg(u.id order by u.id), '{}'),
+         coalesce(array_agg(u.message order by u.id), '{}')
+    into v_ids, v_messages
+    from (select u.id, u.message
+            from memchat.unembedded_messages(v_item.user_id, v_item.session_id, p_model) u
+           where u.id > p_after
+           order by u.id
+           limit p_limit) u;
   return (
     select coalesce(jsonb_agg(jsonb_build_object(
              'id', m.id, 'text', m.message->'data'->>'content',
              'asked', memchat.asked(m.message),
              'embedded', exists (select 1 from memchat.message_embeddings e
-                                  where e.message_id = m.id and e.user_id = m.user_id
+                                  where e.message_id = m.id and e.user_id = v_item.user_id
                                     and e.model = p_model))
              order by m.id), '[]'::jsonb)
-      from (select u.id, u.user_id, u.message
-              from memchat.embedding_leased(p_lease) q
-              join public.chat_sessions s on s.id = q.session_id and s.user_id = q.user_id
-             cross join lateral memchat.unembedded_messages(q.user_id, q.session_id, p_model) u
-             where s.status = 'active' and s.expires_at > now() and u.id > p_after
-             order by u.id
-             limit p_limit) m);
+      from unnest(v_ids, v_messages) m(id, message));
 end
 $$;
 
@@ -308,15 +338,21 @@ set search_path = ''
 as $$
 declare
   v_item memchat.embedding_queue := memchat.embedding_leased(p_lease);
+  v_more boolean := false;
 begin
   if v_item.session_id is null then
     return false;
   end if;
+  -- Each read in a statement of its own: memchat.unembedded_messages in
+  -- one that reads no table itself.
   if exists (
        select 1 from public.chat_sessions s
-        cross join lateral memchat.unembedded_messages(s.user_id, s.id, p_model) u
         where s.id = v_item.session_id and s.user_id = v_item.user_id
           and s.status = 'active' and s.expires_at > now()) then
+    v_more := exists (
+      select 1 from memchat.unembedded_messages(v_item.user_id, v_item.session_id, p_model));
+  end if;
+  if v_more then
     update memchat.embedding_queue q set attempts = 0, next_attempt_at = now(), lease = null
      where q.lease = p_lease;
     return false;
@@ -336,12 +372,14 @@ set search_path = ''
 as $$
 declare
   v_attempts integer;
+  -- Taken first: Citus refuses now() in a CASE of a distributed UPDATE.
+  v_retry_at timestamptz := case when p_retry_in is null then 'infinity'::timestamptz
+                                 else now() + make_interval(secs => p_retry_in) end;
 begin
   update memchat.embedding_queue q
      set attempts = q.attempts + 1,
          lease = null,
-         next_attempt_at = case when p_retry_in is null then 'infinity'::timestamptz
-                                else now() + make_interval(secs => p_retry_in) end
+         next_attempt_at = v_retry_at
    where q.lease = p_lease and q.next_attempt_at > now()
   returning q.attempts into v_attempts;
   return v_attempts;
@@ -390,7 +428,7 @@ begin
     select c.reltuples into v_counted from pg_catalog.pg_class c where c.oid = v_keys;
     continue when v_counted >= 5000;
     v_enough := greatest(2 * v_counted, 1000)::bigint;
-    execute pg_catalog.format('select count(*) from (select from %s limit $1) k', v_keys)
+    execute pg_catalog.format('select count(*) from (select 1 from %s limit $1) k', v_keys)
        into v_present using v_enough;
     continue when v_present < v_enough;
     execute pg_catalog.format('analyze %s', v_keys);

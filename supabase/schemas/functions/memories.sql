@@ -204,7 +204,12 @@ $$;
 -- time: an export imported twice) is skipped. Each gets a new message id
 -- (its message is not imported) and no embedding: the backfill embeds it
 -- (memchat.memory_embedding_source). Returns how many were stored.
-create function memchat.import_memories(p_memories jsonb, p_retention_days integer)
+-- p_user_id: the caller as the API names it (refused unless it is the
+-- caller's; on Citus the call is delegated by it to the worker holding that
+-- user's shards, where its writes, as the owner, are local).
+create function memchat.import_memories(
+  p_user_id uuid, p_memories jsonb, p_retention_days integer
+)
 returns integer
 language plpgsql
 security definer
@@ -214,6 +219,9 @@ declare
   v_user uuid := (select auth.uid());
   v_stored integer;
 begin
+  if p_user_id is distinct from v_user then
+    raise exception 'the caller is not user %', p_user_id using errcode = '42501';
+  end if;
   if v_user is null or p_retention_days <= 0 then
     return 0;
   end if;
@@ -288,14 +296,16 @@ begin
 end
 $$;
 
--- Recall's durable memories (store.recall, in the statement that runs
+-- Recall's durable memories (store.recall, in the pipeline that runs
 -- memchat.recall): the caller's memories of p_agent_name whose session is
 -- gone that match (memchat.search_memories), as [{"memory_id", "kind",
 -- "text", "session_id", "message_id", "created_at", "score"}] best first;
--- a caller with none costs one index probe. Runs as the caller: RLS applies.
+-- a caller with none costs one index probe. Runs as the caller: RLS
+-- applies; p_user_id is the caller as the API names it (on Citus, the call
+-- is delegated by it to the worker holding that user's shards).
 create function memchat.recall_memories(
-  p_agent_name text, p_query extensions.vector, p_model text, p_text text, p_limit integer,
-  p_min_score double precision
+  p_user_id uuid, p_agent_name text, p_query extensions.vector, p_model text, p_text text,
+  p_limit integer, p_min_score double precision
 ) returns jsonb
 language plpgsql stable
 set search_path = ''
@@ -303,19 +313,30 @@ as $$
 declare
   -- The caller, a parameter of each statement: on Citus, its shard.
   v_uid uuid := auth.uid();
+  v_ids bigint[];
+  v_scores double precision[];
 begin
+  if p_user_id is distinct from v_uid then
+    raise exception 'the caller is not user %', p_user_id using errcode = '42501';
+  end if;
   if not exists (select 1 from memchat.memories m
                   where m.user_id = v_uid and m.agent_name = p_agent_name
                     and m.expires_at is not null) then
     return '[]'::jsonb;
   end if;
+  -- The matches first, in a statement that reads no table itself (on
+  -- Citus, a function reading a distributed table cannot run inside one
+  -- that does).
+  select array_agg(f.id order by f.ordinality), array_agg(f.score order by f.ordinality)
+    into v_ids, v_scores
+    from memchat.search_memories(p_agent_name, p_query, p_model, p_text, p_limit,
+                                 p_min_score, true) with ordinality f;
   return (
     select coalesce(jsonb_agg(jsonb_build_object(
              'memory_id', m.id, 'kind', m.kind, 'text', m.text, 'session_id', m.session_id,
              'message_id', m.message_id, 'created_at', m.created_at, 'score', f.score)
-             order by f.ordinality), '[]'::jsonb)
-      from memchat.search_memories(p_agent_name, p_query, p_model, p_text, p_limit,
-                                   p_min_score, true) with ordinality f
+             order by f.ord), '[]'::jsonb)
+      from unnest(v_ids, v_scores) with ordinality f(id, score, ord)
       join memchat.memories m on m.id = f.id and m.user_id = v_uid);
 end
 $$;

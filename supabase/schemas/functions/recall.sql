@@ -2,62 +2,63 @@
 -- find the caller's earlier exchanges, under row-level security. The keys
 -- it searches: tables/recall_keys.sql; the word list: functions/words.sql.
 --
--- Every function here that memchat.recall's statements call from FROM is
--- plain SQL with no SET clause, so that the planner inlines it; the others
--- are PL/pgSQL, whose statements are planned once per connection on every
--- PostgreSQL version (before 18, a SQL function the planner does not inline
--- is parsed and planned again each time the statement calling it runs; a
--- function with a SET clause or SECURITY DEFINER is never inlined). The
--- rule holds for every function (tests/store/test_plans.py).
+-- None of these functions is plain SQL that reads a table: Citus cannot
+-- plan a statement into which the planner inlines such a function ("SQL
+-- functions referencing distributed tables", docs/deploy.md), so every
+-- statement that reads a table is written out where it runs, or is a
+-- PL/pgSQL function's, called in an expression or from the FROM of a
+-- statement that reads no table itself (tests/store/test_plans.py).
+-- PL/pgSQL's statements are planned once per connection on every
+-- PostgreSQL version.
 
 -- ------------------------------------------------------- the keys
 
--- The caller's recall keys of one agent and model in live sessions, outside
--- the window (message ids from p_floor on, in p_session_id): each message's
--- embedding and its fact keys, each named by its exchange (an answer's key
--- is its question's). Inlined into memchat.recall's statements, running with
--- its caller's rights.
-create function memchat.recall_keys(
-  p_uid uuid, p_agent_name text, p_model text, p_session_id uuid, p_floor bigint
-) returns table (message_id bigint, created_at timestamptz, embedding extensions.vector)
-language sql stable
-as $$
-  select coalesce(e.exchange_id, e.message_id), e.created_at, e.embedding
-    from memchat.message_embeddings e
-    join public.chat_sessions s on s.id = e.session_id and s.user_id = e.user_id
-   where e.user_id = p_uid and e.agent_name = p_agent_name and e.model = p_model
-     and s.status = 'active' and s.expires_at > pg_catalog.now()
-     and (p_session_id is null or e.session_id <> p_session_id or e.message_id < p_floor)
-  union all
-  select f.message_id, f.created_at, f.embedding
-    from memchat.message_facts f
-    join public.chat_sessions s on s.id = f.session_id and s.user_id = f.user_id
-   where f.user_id = p_uid and f.agent_name = p_agent_name and f.model = p_model
-     and s.status = 'active' and s.expires_at > pg_catalog.now()
-     and (p_session_id is null or f.session_id <> p_session_id or f.message_id < p_floor)
-$$;
-
--- The exact scan: the caller's p_depth messages nearest to p_query (a
--- message as near as its nearest key, memchat.recall_keys), written in
--- [p_from, p_until) (null: open), best first. Inlined into memchat.recall's
--- statements with its caller's rights: the owner indexes read in order
--- (bitmap scans off there).
-create function memchat.nearest_messages(
+-- The exact scan: the ids of the caller's p_depth messages nearest to
+-- p_query, best first, among their recall keys of one agent and model in
+-- live sessions outside the window (message ids from p_floor on, in
+-- p_session_id), written in [p_from, p_until) (null: open). The keys are
+-- each message's embedding and its fact keys, each named by its exchange
+-- (an answer's key is its question's): a message is as near as its nearest
+-- key. The owner indexes are read in order (bitmap scans off, nested loops
+-- off: memchat.recall's settings). Under the caller's rights; every table
+-- read by p_uid (on Citus, its shard).
+create function memchat.nearest_message_ids(
   p_uid uuid, p_agent_name text, p_model text, p_session_id uuid, p_floor bigint,
   p_query extensions.vector, p_depth integer, p_from timestamptz, p_until timestamptz
-) returns table (message_id bigint)
-language sql stable
+) returns bigint[]
+language plpgsql stable
+set search_path = ''
 as $$
-  select k.message_id
-    from (select k.message_id, k.embedding operator(extensions.<=>) p_query as distance
-            from memchat.recall_keys(p_uid, p_agent_name, p_model, p_session_id, p_floor) k
-           where k.created_at >= coalesce(p_from, '-infinity')
-             and k.created_at < coalesce(p_until, 'infinity')
-           order by distance
-           limit p_depth * 3) k
-   group by k.message_id
-   order by min(k.distance), k.message_id desc
-   limit p_depth
+begin
+  return array(
+    select k.message_id
+      from (select k.message_id, k.embedding operator(extensions.<=>) p_query as distance
+              from (select coalesce(e.exchange_id, e.message_id) as message_id, e.created_at,
+                           e.embedding
+                      from memchat.message_embeddings e
+                      join public.chat_sessions s on s.id = e.session_id and s.user_id = p_uid
+                     where e.user_id = p_uid and e.agent_name = p_agent_name
+                       and e.model = p_model
+                       and s.status = 'active' and s.expires_at > pg_catalog.now()
+                       and (p_session_id is null or e.session_id <> p_session_id
+                            or e.message_id < p_floor)
+                    union all
+                    select f.message_id, f.created_at, f.embedding
+                      from memchat.message_facts f
+                      join public.chat_sessions s on s.id = f.session_id and s.user_id = p_uid
+                     where f.user_id = p_uid and f.agent_name = p_agent_name
+                       and f.model = p_model
+                       and s.status = 'active' and s.expires_at > pg_catalog.now()
+                       and (p_session_id is null or f.session_id <> p_session_id
+                            or f.message_id < p_floor)) k
+             where k.created_at >= coalesce(p_from, '-infinity')
+               and k.created_at < coalesce(p_until, 'infinity')
+             order by distance
+             limit p_depth * 3) k
+     group by k.message_id
+     order by min(k.distance), k.message_id desc
+     limit p_depth);
+end
 $$;
 
 -- Whether the installed pgvector has iterative index scans (0.8.0+).
@@ -224,26 +225,29 @@ $$;
 
 -- The answers to p_message_id: the assistant's messages with text after it
 -- in its session (memchat.embeddable: not tool calls) up to the next user
--- message (memchat.asked), joined by blank lines; null when nothing answered
--- it. Not SECURITY DEFINER and without a search_path of its own, so the
--- planner inlines it where it is read in FROM (it names only built-in
--- operators and functions, which pg_catalog resolves first):
--- memchat.recall_hits reads every answer in its one statement. Under the
--- caller's rights.
+-- message (memchat.asked), joined by blank lines; no row when nothing
+-- answered it. Read by a user message's recall keys (memchat.index_round)
+-- in a statement of its own; memchat.recall_hits reads every hit's answers
+-- in its one statement. Under the caller's rights; every read by
+-- p_user_id (on Citus, its shard).
 create function memchat.answer_after(p_user_id uuid, p_session_id uuid, p_message_id bigint)
 returns table (content text)
-language sql stable
+language plpgsql stable
+set search_path = ''
 as $$
-  select pg_catalog.string_agg(x.message->'data'->>'content', E'\n\n' order by x.id)
-    from public.chat_message_history x
-   where x.user_id = p_user_id and x.session_id = p_session_id and x.id > p_message_id
-     and x.id < coalesce((select n.id from public.chat_message_history n
-                           where n.user_id = p_user_id and n.session_id = p_session_id
-                             and n.id > p_message_id and memchat.asked(n.message)
-                           order by n.id
-                           limit 1), 9223372036854775807)
-     and x.message->>'type' = 'ai' and memchat.embeddable(x.message)
-  having pg_catalog.count(*) > 0
+begin
+  return query
+    select pg_catalog.string_agg(x.message->'data'->>'content', E'\n\n' order by x.id)
+      from public.chat_message_history x
+     where x.user_id = p_user_id and x.session_id = p_session_id and x.id > p_message_id
+       and x.id < coalesce((select n.id from public.chat_message_history n
+                             where n.user_id = p_user_id and n.session_id = p_session_id
+                               and n.id > p_message_id and memchat.asked(n.message)
+                             order by n.id
+                             limit 1), 9223372036854775807)
+       and x.message->>'type' = 'ai' and memchat.embeddable(x.message)
+    having pg_catalog.count(*) > 0;
+end
 $$;
 
 -- The same as a value, by the message's id alone (the migrations' backfills).
@@ -294,38 +298,55 @@ begin
              'title', s.title,
              'question', case when memchat.asked(h.message)
                               then left(h.message->'data'->>'content', 2000) else '' end,
-             'answer', left(case when memchat.asked(h.message) then ha.content
+             'answer', left(case when memchat.asked(h.message) then answers.of[1]
                                  else h.message->'data'->>'content' end, 2000),
              'before', case when b.id is not null then jsonb_build_object(
                'message_id', b.id,
                'question', left(b.message->'data'->>'content', 1000),
-               'answer', left(ba.content, 1000)) end,
+               'answer', left(answers.of[2], 1000)) end,
              'after', case when a.id is not null then jsonb_build_object(
                'message_id', a.id,
                'question', left(a.message->'data'->>'content', 1000),
-               'answer', left(aa.content, 1000)) end)
+               'answer', left(answers.of[3], 1000)) end)
            order by hit.ord)
       from unnest(p_ids, p_scores) with ordinality as hit(id, score, ord)
-      join public.chat_message_history h on h.id = hit.id
-      join public.chat_sessions s on s.id = h.session_id and s.user_id = h.user_id
-      left join lateral memchat.answer_after(h.user_id, h.session_id, h.id) ha on true
+      join public.chat_message_history h on h.id = hit.id and h.user_id = v_uid
+      join public.chat_sessions s on s.id = h.session_id and s.user_id = v_uid
       -- The exchange before it in its session (its neighbour): what the hit
       -- often answers or goes on from.
       left join lateral (
            select x.id, x.message from public.chat_message_history x
-            where x.user_id = h.user_id and x.session_id = h.session_id and x.id < h.id
+            where x.user_id = v_uid and x.session_id = h.session_id and x.id < h.id
               and memchat.asked(x.message)
             order by x.id desc limit 1) b on true
-      left join lateral memchat.answer_after(h.user_id, h.session_id, b.id) ba on true
       -- The exchange after it: what often answers or corrects it. In the
       -- turn's session, not one of the window's (the prompt shows those).
       left join lateral (
            select x.id, x.message from public.chat_message_history x
-            where x.user_id = h.user_id and x.session_id = h.session_id and x.id > h.id
+            where x.user_id = v_uid and x.session_id = h.session_id and x.id > h.id
               and (p_session_id is null or x.session_id <> p_session_id or x.id < p_floor)
               and memchat.asked(x.message)
             order by x.id limit 1) a on true
-      left join lateral memchat.answer_after(h.user_id, h.session_id, a.id) aa on true
+      -- The answers to the hit, to the exchange before it and to the one
+      -- after it, in that order (null: none, or no such exchange): the
+      -- assistant's messages with text after each up to the next user
+      -- message, as memchat.answer_after reads them.
+      cross join lateral (
+           select array_agg(y.content order by q.n) as of
+             from unnest(array[h.id, b.id, a.id]) with ordinality q(id, n)
+             left join lateral (
+                  select pg_catalog.string_agg(x.message->'data'->>'content', E'\n\n'
+                                               order by x.id) as content
+                    from public.chat_message_history x
+                   where x.user_id = v_uid and x.session_id = h.session_id and x.id > q.id
+                     and x.id < coalesce((select n.id from public.chat_message_history n
+                                           where n.user_id = v_uid
+                                             and n.session_id = h.session_id
+                                             and n.id > q.id and memchat.asked(n.message)
+                                           order by n.id
+                                           limit 1), 9223372036854775807)
+                     and x.message->>'type' = 'ai' and memchat.embeddable(x.message)
+                  having pg_catalog.count(*) > 0) y on true) answers
      where h.user_id = v_uid),
     '[]'::jsonb);
 end
@@ -353,7 +374,7 @@ $$;
 --   each scan going on until it has its rows of the caller's; if that yields
 --   fewer than k (many of the nearest in expired sessions, or the scans'
 --   tuple limit reached), or for a shorter history, or without iterative
---   scans, the exact scan (memchat.nearest_messages), the owner index read
+--   scans, the exact scan (memchat.nearest_message_ids), the owner index read
 --   in order;
 -- * by words (memchat.rounds_matching, with memchat.rarer_words' words);
 -- * when a period [p_from, p_until) is given (a time expression in the
@@ -382,6 +403,7 @@ $$;
 --   the average user's one session would read the caller's keys once per
 --   session).
 create function memchat.recall(
+  p_user_id uuid,
   p_session_id uuid,
   p_agent_name text,
   p_window integer,
@@ -403,6 +425,9 @@ set plan_cache_mode = force_generic_plan
 as $$
 declare
   v_uid uuid := auth.uid();
+  v_near_ids bigint[];
+  v_near_sessions uuid[];
+  v_near_distances double precision[];
   v_floor bigint := 9223372036854775807;
   v_words tsquery := memchat.any_words(p_text);
   v_depth integer := greatest(p_k * 2, 20);
@@ -427,6 +452,11 @@ declare
   v_bound double precision;
   v_cursor refcursor;
 begin
+  -- The caller as the API names it: on Citus the call is delegated by it
+  -- to the worker holding that user's shards (`memchat db distribute`).
+  if p_user_id is distinct from v_uid then
+    raise exception 'the caller is not user %', p_user_id using errcode = '42501';
+  end if;
   if p_k <= 0 then
     return '[]'::jsonb;
   end if;
@@ -474,10 +504,18 @@ begin
                        memchat.recall_ef_search(v_table_rows, v_messages / 2)::text, true),
             set_config('enable_sort', 'off', true),
             set_config('enable_seqscan', 'off', true);
+    -- The keys first, in a statement that reads no table itself (on Citus,
+    -- a function reading a distributed table cannot run inside one that
+    -- does), then those in live sessions outside the window.
+    select coalesce(array_agg(n.message_id), '{}'), coalesce(array_agg(n.session_id), '{}'),
+           coalesce(array_agg(n.distance), '{}')
+      into v_near_ids, v_near_sessions, v_near_distances
+      from memchat.nearest_keys_indexed(v_uid, p_agent_name, p_model, p_query,
+                                        v_depth + p_window) n;
     v_meaning := array(
       select n.message_id
-        from memchat.nearest_keys_indexed(v_uid, p_agent_name, p_model, p_query,
-                                          v_depth + p_window) n
+        from unnest(v_near_ids, v_near_sessions, v_near_distances) n(message_id, session_id,
+                                                                      distance)
         join public.chat_sessions s on s.id = n.session_id and s.user_id = v_uid
        where s.status = 'active' and s.expires_at > pg_catalog.now()
          and (p_session_id is null or n.session_id <> p_session_id or n.message_id < v_floor)
@@ -498,12 +536,12 @@ begin
   if cardinality(v_meaning) < least(v_depth, p_k) then
     -- The exact scan: the owner index read in order (bitmap scans off,
     -- this function's setting).
-    v_meaning := array(select n.message_id from memchat.nearest_messages(
-      v_uid, p_agent_name, p_model, p_session_id, v_floor, p_query, v_depth, null, null) n);
+    v_meaning := memchat.nearest_message_ids(
+      v_uid, p_agent_name, p_model, p_session_id, v_floor, p_query, v_depth, null, null);
   end if;
   if p_from is not null or p_until is not null then
-    v_period := array(select n.message_id from memchat.nearest_messages(
-      v_uid, p_agent_name, p_model, p_session_id, v_floor, p_query, v_depth, p_from, p_until) n);
+    v_period := memchat.nearest_message_ids(
+      v_uid, p_agent_name, p_model, p_session_id, v_floor, p_query, v_depth, p_from, p_until);
   end if;
   perform set_config('enable_nestloop', 'on', true);
   if v_words is not null then

@@ -59,6 +59,8 @@ set search_path = ''
 as $$
 declare
   v_uid uuid := auth.uid();
+  -- now() itself next to a column in an UPDATE: refused by Citus.
+  v_now timestamptz := now();
   v_level double precision;
 begin
   if p_per_minute <= 0 or not memchat.current_user_exists() then
@@ -67,10 +69,10 @@ begin
     return 0;
   end if;
   insert into memchat.rate_buckets (user_id, bucket, tokens, refilled_at)
-  values (v_uid, p_bucket, p_burst, now())
+  values (v_uid, p_bucket, p_burst, v_now)
   on conflict (user_id, bucket) do nothing;
   select least(p_burst::double precision,
-               r.tokens + greatest(0, extract(epoch from now() - r.refilled_at))
+               r.tokens + greatest(0, extract(epoch from v_now - r.refilled_at))
                           * p_per_minute / 60)
     into v_level
     from memchat.rate_buckets r where r.user_id = v_uid and r.bucket = p_bucket
@@ -79,7 +81,7 @@ begin
     return (1 - v_level) * 60 / p_per_minute;
   end if;
   update memchat.rate_buckets r
-     set tokens = v_level - 1, refilled_at = greatest(r.refilled_at, now())
+     set tokens = v_level - 1, refilled_at = greatest(r.refilled_at, v_now)
    where r.user_id = v_uid and r.bucket = p_bucket;
   return 0;
 end

@@ -14,6 +14,10 @@ as $$
 declare
   -- The caller, a parameter of each statement: on Citus, its shard.
   v_uid uuid := auth.uid();
+  -- Read first, each in a statement of its own (on Citus, a function
+  -- reading a distributed table cannot run inside a statement that does).
+  v_stored bigint := memchat.stored_messages();
+  v_max bigint := memchat.max_stored_messages();
 begin
   return (
     with s as (
@@ -44,8 +48,8 @@ begin
       'last_activity_at', max(s.last_active_at),
       'avg_messages_per_session', coalesce(round(avg(s.message_count), 2), 0),
       'storage', jsonb_build_object(
-          'stored_messages', memchat.stored_messages(),
-          'max_stored_messages', memchat.max_stored_messages()))
+          'stored_messages', v_stored,
+          'max_stored_messages', v_max))
     from s);
 end
 $$;
@@ -73,7 +77,7 @@ begin
           'negative', count(*) filter (where f.rating = -1),
           'neutral', count(*) filter (where f.rating = 0),
           'with_comment', count(*) filter (where f.comment is not null))
-          from memchat.message_feedback f where f.session_id = s.id),
+          from memchat.message_feedback f where f.session_id = s.id and f.user_id = v_uid),
       'first_activity_at', s.created_at,
       'last_activity_at', s.last_active_at,
       'duration_seconds', round(extract(epoch from s.last_active_at - s.created_at)::numeric, 3))

@@ -251,12 +251,14 @@ set search_path = ''
 as $$
 declare
   v_attempts integer;
+  -- Taken first: Citus refuses now() in a CASE of a distributed UPDATE.
+  v_retry_at timestamptz := case when p_retry_in is null then 'infinity'::timestamptz
+                                 else now() + make_interval(secs => p_retry_in) end;
 begin
   update memchat.summary_queue q
      set attempts = q.attempts + 1,
          lease = null,
-         next_attempt_at = case when p_retry_in is null then 'infinity'::timestamptz
-                                else now() + make_interval(secs => p_retry_in) end
+         next_attempt_at = v_retry_at
    where q.lease = p_lease and q.next_attempt_at > now()
   returning q.attempts into v_attempts;
   return v_attempts;

@@ -1,0 +1,88 @@
+-- Written by `memchat db diff`: what supabase/schemas has that the
+-- migrations before this one did not make:
+--   function memchat.chat_stats(text)
+--   function memchat.session_stats(uuid)
+
+set local check_function_bodies = off;
+
+CREATE OR REPLACE FUNCTION memchat.chat_stats(p_agent_name text)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO ''
+AS $function$
+declare
+  -- The caller, a parameter of each statement: on Citus, its shard.
+  v_uid uuid := auth.uid();
+  -- Read first, each in a statement of its own (on Citus, a function
+  -- reading a distributed table cannot run inside a statement that does).
+  v_stored bigint := memchat.stored_messages();
+  v_max bigint := memchat.max_stored_messages();
+begin
+  return (
+    with s as (
+      select s.* from public.chat_sessions s
+       where s.user_id = v_uid
+         and (p_agent_name is null or s.agent_name = p_agent_name)),
+    f as (
+      select f.rating, f.comment from memchat.message_feedback f
+       where f.user_id = v_uid
+         and (p_agent_name is null or f.agent_name = p_agent_name))
+    select jsonb_build_object(
+      'agent_name', p_agent_name,
+      'sessions', jsonb_build_object(
+          'total', count(*),
+          'active', count(*) filter (where s.status = 'active' and s.expires_at > now()),
+          'cleared', count(*) filter (where s.status = 'cleared')),
+      'messages', coalesce(sum(s.message_count), 0),
+      'turns', coalesce(sum(s.turn_count), 0),
+      'tokens', jsonb_build_object(
+          'prompt', coalesce(sum(s.prompt_tokens), 0),
+          'completion', coalesce(sum(s.completion_tokens), 0)),
+      'feedback', (select jsonb_build_object(
+          'positive', count(*) filter (where f.rating = 1),
+          'negative', count(*) filter (where f.rating = -1),
+          'neutral', count(*) filter (where f.rating = 0),
+          'with_comment', count(*) filter (where f.comment is not null)) from f),
+      'first_activity_at', min(s.created_at),
+      'last_activity_at', max(s.last_active_at),
+      'avg_messages_per_session', coalesce(round(avg(s.message_count), 2), 0),
+      'storage', jsonb_build_object(
+          'stored_messages', v_stored,
+          'max_stored_messages', v_max))
+    from s);
+end
+$function$;
+
+CREATE OR REPLACE FUNCTION memchat.session_stats(p_session_id uuid)
+ RETURNS jsonb
+ LANGUAGE plpgsql
+ STABLE
+ SET search_path TO ''
+AS $function$
+declare
+  -- The caller, a parameter of each statement: on Citus, its shard.
+  v_uid uuid := auth.uid();
+begin
+  return (
+    select jsonb_build_object(
+      'session_id', s.id,
+      'agent_name', s.agent_name,
+      'status', case when s.status = 'active' and s.expires_at <= now() then 'expired'
+                     else s.status end,
+      'messages', s.message_count,
+      'turns', s.turn_count,
+      'tokens', jsonb_build_object('prompt', s.prompt_tokens, 'completion', s.completion_tokens),
+      'feedback', (select jsonb_build_object(
+          'positive', count(*) filter (where f.rating = 1),
+          'negative', count(*) filter (where f.rating = -1),
+          'neutral', count(*) filter (where f.rating = 0),
+          'with_comment', count(*) filter (where f.comment is not null))
+          from memchat.message_feedback f where f.session_id = s.id and f.user_id = v_uid),
+      'first_activity_at', s.created_at,
+      'last_activity_at', s.last_active_at,
+      'duration_seconds', round(extract(epoch from s.last_active_at - s.created_at)::numeric, 3))
+    from public.chat_sessions s
+    where s.id = p_session_id and s.user_id = v_uid);
+end
+$function$;
