@@ -17,8 +17,8 @@ from datetime import timedelta
 import psycopg
 
 from memchat import messages, store
-from memchat.store.cleanup import on_citus
 from memchat.store.db import connect_kwargs
+from memchat.store.distribute import on_citus
 from tests.cleanup.conftest import Seeder, cleanup_on
 
 # What a turn does to the session row (memchat.record_turn): lock it, then slide it.

@@ -14,6 +14,7 @@ from psycopg.abc import Query
 from psycopg.types.json import Jsonb
 
 from memchat import messages, store
+from memchat.store.distribute import on_citus
 from tests.utils.store_data import exchange, snapshot
 from tests.utils.users import UserFactory
 
@@ -48,12 +49,6 @@ def refusals(conn: psycopg.Connection) -> tuple[type[psycopg.Error], ...]:
     if on_citus(conn):
         return (psycopg.errors.InsufficientPrivilege, psycopg.errors.ForeignKeyViolation)
     return (psycopg.errors.InsufficientPrivilege,)
-
-
-def on_citus(conn: psycopg.Connection) -> bool:
-    """Whether `conn` is a Citus coordinator's."""
-    row = conn.execute("select to_regclass('pg_catalog.pg_dist_partition') is not null").fetchone()
-    return bool(row and row[0])
 
 
 def affected(conn: psycopg.Connection, query: Query, params: dict[str, Any]) -> int | str:

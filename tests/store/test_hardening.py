@@ -16,7 +16,8 @@ import pytest
 from memchat import messages
 from memchat.errors import DatabaseUnavailable
 from memchat.store.db import Database, RequestLimits
-from tests.store.conftest import World, on_citus
+from memchat.store.distribute import on_citus
+from tests.store.conftest import World
 from tests.store.test_privileges import sqlstate
 from tests.utils.store_data import (
     acting_as,

@@ -255,7 +255,7 @@ def test_every_sql_function_is_inlined_or_a_constant(admin: psycopg.Connection) 
     assert planned_per_call == []
 
 
-def tables_named(admin: psycopg.Connection) -> dict[str, str]:
+def sql_bodies(admin: psycopg.Connection) -> dict[str, str]:
     """Each function's body in SQL (schema-qualified name: body)."""
     rows = admin.execute(
         "select n.nspname || '.' || p.proname, p.prosrc from pg_proc p"
@@ -279,7 +279,7 @@ def test_no_sql_function_reads_a_table(admin: psycopg.Connection) -> None:
     }
     reading = sorted(
         name
-        for name, body in tables_named(admin).items()
+        for name, body in sql_bodies(admin).items()
         if any(re.search(rf"\b{re.escape(table)}\b", body) for table in tables)
     )
     assert reading == []
@@ -294,7 +294,7 @@ def test_the_table_probe_tells_a_sql_function_that_reads_one(admin: psycopg.Conn
                 " as $$ select count(*) from public.chat_sessions $$"
             ).format(sql.Identifier(*name.split(".")))
         )
-        assert name in tables_named(admin)
+        assert name in sql_bodies(admin)
         with pytest.raises(AssertionError):
             test_no_sql_function_reads_a_table(admin)
         admin.execute(sql.SQL("drop function {}").format(sql.Identifier(*name.split("."))))

@@ -12,6 +12,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from memchat.store.distribute import on_citus
+
 # Locks a batch of expired sessions, skipping any a live turn holds; the
 # lock re-reads expires_at, so a session a turn has just extended drops out.
 # The locked (id, user_id) keys go on as two arrays so the delete is a
@@ -113,12 +115,6 @@ def _expire_doomed(conn: psycopg.Connection[Any], batch: int) -> tuple[int, int]
         sessions += len(counts)
         messages += sum(int(row[0]) for row in counts)
     return sessions, messages
-
-
-def on_citus(conn: psycopg.Connection[Any]) -> bool:
-    """Whether `conn` is to a Citus coordinator (`memchat db distribute`)."""
-    row = conn.execute("select to_regclass('pg_catalog.pg_dist_partition') is not null").fetchone()
-    return bool(row and row[0])
 
 
 # Memories past their retention, oldest first, a batch at a time (no row

@@ -142,6 +142,11 @@ def citus_version(conn: psycopg.Connection[Any]) -> str | None:
     return str(row[0]) if row else None
 
 
+def on_citus(conn: psycopg.Connection[Any]) -> bool:
+    """Whether `conn` is to a Citus database (`memchat db distribute`)."""
+    return citus_version(conn) is not None
+
+
 def placed(conn: psycopg.Connection[Any]) -> dict[str, str]:
     """memchat's tables Citus holds, by name: 'reference' or 'distributed'."""
     rows = conn.execute(
