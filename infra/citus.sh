@@ -6,8 +6,11 @@
 # two workers on 127.0.0.1. Used by tests/utils/citus_cluster.py.
 #   bash infra/citus.sh build                  # last line: the installation's bin dir
 #   bash infra/citus.sh start DIR [BASE_PORT]  # last line: the coordinator's URL
+#   bash infra/citus.sh add-worker DIR         # last line: the new worker's URL
 #   bash infra/citus.sh stop DIR
-# start builds first if needed; nodes listen on BASE_PORT (coordinator), +1, +2.
+# start builds first if needed; nodes listen on BASE_PORT (coordinator), +1, +2;
+# add-worker starts worker N on BASE_PORT + N and registers it (no shards yet:
+# moving them there is a rebalance, docs/deploy.md).
 # Run as root, the servers run as the `pgserver` user (PostgreSQL refuses root),
 # which must be able to reach DIR. Everything but the last line goes to stderr.
 set -euo pipefail
@@ -45,7 +48,7 @@ die() {
 }
 
 usage() {
-  die "usage: bash infra/citus.sh build | start DIR [BASE_PORT] | stop DIR"
+  die "usage: bash infra/citus.sh build | start DIR [BASE_PORT] | add-worker DIR | stop DIR"
 }
 
 check_archive() {
@@ -239,6 +242,32 @@ host replication all 127.0.0.1/32 trust
 EOF
 }
 
+# Starts node $1 (its data directory in DIR) on port $2.
+start_node() {
+  local node="$1" port="$2" output
+  if ! output="$(as_server "$BIN/pg_ctl" start -D "$DIR/$node" -l "$DIR/$node.log" -w \
+    -t "$START_SECONDS" 2>&1)"; then
+    echo "$output" >&2
+    tail -n 20 "$DIR/$node.log" >&2
+    die "$node (port $port) did not start: log $DIR/$node.log"
+  fi
+}
+
+# Citus in the node's database, and pgvector loadable beside it: left
+# uninstalled (memchat's migrations create it in their own schema).
+prepare_node() {
+  local port="$1"
+  psql_on "$port" -c 'create extension if not exists citus'
+  if [ "$(psql_on "$port" -tAc "select count(*) from pg_extension where extname = 'vector'")" = 0 ]; then
+    psql_on "$port" >/dev/null <<'SQL'
+begin;
+create extension vector;
+select '[1,2,3]'::vector <-> '[3,2,1]'::vector;
+rollback;
+SQL
+  fi
+}
+
 start() {
   [ "$#" -ge 1 ] && [ "$#" -le 2 ] || usage
   build >/dev/null
@@ -278,29 +307,11 @@ start() {
   echo "$base" >"$DIR/base_port"
   for i in "${!NODES[@]}"; do
     node="${NODES[$i]}"
-    running "$node" && continue
-    local output
-    if ! output="$(as_server "$BIN/pg_ctl" start -D "$DIR/$node" -l "$DIR/$node.log" -w \
-      -t "$START_SECONDS" 2>&1)"; then
-      echo "$output" >&2
-      tail -n 20 "$DIR/$node.log" >&2
-      die "$node (port $((base + i))) did not start: log $DIR/$node.log"
-    fi
+    running "$node" || start_node "$node" $((base + i))
   done
 
   for i in "${!NODES[@]}"; do
-    local port=$((base + i))
-    psql_on "$port" -c 'create extension if not exists citus'
-    # pgvector must load beside Citus on every node; it is left uninstalled
-    # (memchat's migrations create it in their own schema).
-    if [ "$(psql_on "$port" -tAc "select count(*) from pg_extension where extname = 'vector'")" = 0 ]; then
-      psql_on "$port" >/dev/null <<'SQL'
-begin;
-create extension vector;
-select '[1,2,3]'::vector <-> '[3,2,1]'::vector;
-rollback;
-SQL
-    fi
+    prepare_node $((base + i))
   done
   psql_on "$base" >/dev/null <<SQL
 select citus_set_coordinator_host('127.0.0.1', $base);
@@ -314,6 +325,27 @@ SQL
   echo "$url"
 }
 
+# A worker more in the running cluster of DIR: worker N (the first number
+# with no node yet, from 3) on the base port + N, started and registered.
+add_worker() {
+  [ "$#" -eq 1 ] || usage
+  build >/dev/null
+  setup_user
+  cluster_dir "$1"
+  [ -f "$DIR/base_port" ] || die "no cluster in $DIR: start one first"
+  local base n=3
+  base="$(cat "$DIR/base_port")"
+  while [ -e "$DIR/worker$n" ]; do n=$((n + 1)); done
+  local node="worker$n" port=$((base + n))
+  [ "$port" -le 65535 ] || die "no port above $base for $node"
+  init_node "$node" "$port"
+  start_node "$node" "$port"
+  prepare_node "$port"
+  psql_on "$base" >/dev/null -c "select citus_add_node('127.0.0.1', $port)"
+  say "$node running in $DIR on port $port, registered with the coordinator"
+  echo "postgresql://postgres@127.0.0.1:$port/postgres"
+}
+
 stop() {
   [ "$#" -eq 1 ] || usage
   [ -d "$1" ] || {
@@ -324,9 +356,11 @@ stop() {
   resolve
   [ -x "$BIN/pg_ctl" ] || die "Citus is not built ($PREFIX): nothing of it can run"
   setup_user
-  local node failed=0
-  for node in "${NODES[@]}"; do
-    [ -f "$DIR/$node/PG_VERSION" ] && running "$node" || continue
+  local node failed=0 data
+  # The workers added since the start too (add-worker).
+  for data in "$DIR"/coordinator "$DIR"/worker*; do
+    node="$(basename "$data")"
+    [ -f "$data/PG_VERSION" ] && running "$node" || continue
     as_server "$BIN/pg_ctl" stop -D "$DIR/$node" -m fast -w -t "$START_SECONDS" >/dev/null ||
       {
         say "$node did not stop: log $DIR/$node.log"
@@ -345,6 +379,10 @@ case "${1:-}" in
   start)
     shift
     start "$@"
+    ;;
+  add-worker)
+    shift
+    add_worker "$@"
     ;;
   stop)
     shift

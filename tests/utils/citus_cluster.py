@@ -83,12 +83,13 @@ def _port_free(port: int) -> bool:
 
 
 def _free_base_port() -> int:
-    """A port of 127.0.0.1 free right now, and the NODES - 1 above it too."""
+    """A port of 127.0.0.1 free right now, and the NODES above it too (the
+    workers', and one for a worker added later: add_worker)."""
     for _ in range(100):
         base = free_port()
-        if base + NODES - 1 <= 65535 and all(_port_free(base + i) for i in range(1, NODES)):
+        if base + NODES <= 65535 and all(_port_free(base + i) for i in range(1, NODES + 1)):
             return base
-    raise RuntimeError(f"found no {NODES} consecutive free ports on 127.0.0.1")
+    raise RuntimeError(f"found no {NODES + 1} consecutive free ports on 127.0.0.1")
 
 
 def _url_on(url: str, port: int) -> str:
@@ -147,6 +148,14 @@ def citus_cluster(tmp_dir: Path) -> Iterator[CitusCluster]:
         )
     finally:
         _run("stop", str(directory), timeout=STOP_SECONDS)
+
+
+def add_worker(cluster: CitusCluster) -> str:
+    """One worker more in the running `cluster` (infra/citus.sh add-worker):
+    started on the port after the last node's and registered with the
+    coordinator, holding no shards yet. Its owner's URL; `citus_cluster`
+    stops it with the others."""
+    return _run("add-worker", str(cluster.directory), timeout=START_SECONDS)
 
 
 _SHARD_ID = re.compile(r"_(\d{6,})\b")

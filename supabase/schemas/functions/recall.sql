@@ -275,7 +275,11 @@ $$;
 -- hit is never one of the window's, which the prompt shows already. Runs as
 -- the caller (under RLS): for ids that are not the caller's it returns
 -- nothing. A function of its own, so that a change to what a hit carries
--- replaces it alone, not the ranking.
+-- replaces it alone, not the ranking. Each of its reads is a few index
+-- entries of the caller's, made once per hit: sequential scans are off,
+-- which a table's statistics otherwise choose where the caller holds most
+-- of its rows (a small table, or a Citus shard of few users), each lookup
+-- then reading the whole table.
 create function memchat.recall_hits(
   p_ids bigint[],
   p_scores double precision[],
@@ -284,6 +288,7 @@ create function memchat.recall_hits(
 ) returns jsonb
 language plpgsql stable
 set search_path = ''
+set enable_seqscan = off
 as $$
 declare
   -- The caller, a parameter of the statement: on Citus, its shard.
@@ -330,22 +335,33 @@ begin
       -- The answers to the hit, to the exchange before it and to the one
       -- after it, in that order (null: none, or no such exchange): the
       -- assistant's messages with text after each up to the next user
-      -- message, as memchat.answer_after reads them.
+      -- message, as memchat.answer_after reads them. The next question is
+      -- a value of the join, so that the answers are one range of the
+      -- window index (user_id, session_id, id) between the two questions;
+      -- the range is read under the window index's own condition (offset 0),
+      -- so that no index over every answer of the user's (the digests')
+      -- is read instead, whatever the statistics say.
       cross join lateral (
            select array_agg(y.content order by q.n) as of
              from unnest(array[h.id, b.id, a.id]) with ordinality q(id, n)
+             -- The next question after it in its session (none: its end).
+             left join lateral (
+                  select coalesce((select n.id from public.chat_message_history n
+                                    where n.user_id = v_uid and n.session_id = h.session_id
+                                      and n.id > q.id and memchat.asked(n.message)
+                                    order by n.id
+                                    limit 1), 9223372036854775807) as id) nx on true
              left join lateral (
                   select pg_catalog.string_agg(x.message->'data'->>'content', E'\n\n'
                                                order by x.id) as content
-                    from public.chat_message_history x
-                   where x.user_id = v_uid and x.session_id = h.session_id and x.id > q.id
-                     and x.id < coalesce((select n.id from public.chat_message_history n
-                                           where n.user_id = v_uid
-                                             and n.session_id = h.session_id
-                                             and n.id > q.id and memchat.asked(n.message)
-                                           order by n.id
-                                           limit 1), 9223372036854775807)
-                     and x.message->>'type' = 'ai' and memchat.embeddable(x.message)
+                    from (select x.id, x.message
+                            from public.chat_message_history x
+                           where x.user_id = v_uid and x.session_id = h.session_id
+                             and x.id > q.id and x.id < nx.id
+                             and x.message->>'type' <> 'tool'
+                             and coalesce(jsonb_array_length(x.message->'data'->'tool_calls'), 0) = 0
+                          offset 0) x
+                   where x.message->>'type' = 'ai' and memchat.embeddable(x.message)
                   having pg_catalog.count(*) > 0) y on true) answers
      where h.user_id = v_uid),
     '[]'::jsonb);
