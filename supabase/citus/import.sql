@@ -14,7 +14,8 @@
 -- after `memchat migrate`.
 
 create or replace function memchat.import_sessions(
-  p_sessions jsonb, p_feedback jsonb, p_notes jsonb, p_ttl interval, p_request jsonb
+  p_user_id uuid, p_sessions jsonb, p_feedback jsonb, p_notes jsonb, p_ttl interval,
+  p_request jsonb
 ) returns jsonb
 language plpgsql
 set search_path = ''
@@ -36,6 +37,11 @@ declare
   v_session uuid;
   v_agent text;
 begin
+  -- The caller as the API names it: on Citus the call is delegated by it
+  -- to the worker holding that user's shards (`memchat db distribute`).
+  if p_user_id is distinct from v_uid then
+    raise exception 'the caller is not user %', p_user_id using errcode = '42501';
+  end if;
   delete from public.chat_sessions s
    where s.user_id = v_uid and s.id = any(v_given) and s.expires_at <= v_now;
 

@@ -101,8 +101,8 @@ grant execute on function
   memchat.current_user_exists(),
   memchat.take_rate_token(text, double precision, integer),
   memchat.throttle(text, double precision, integer),
-  memchat.save_notes(text, text, integer),
-  memchat.restore_notes(text, integer, integer),
+  memchat.save_notes(uuid, text, text, integer),
+  memchat.restore_notes(uuid, text, integer, integer),
   -- limits (functions/limits.sql)
   memchat.session_expiry(interval),
   memchat.stored_messages(),
@@ -138,9 +138,9 @@ grant execute on function
   memchat.queue_embeddings(uuid[]),
   memchat.embedding_backlog(),
   -- stats, import (functions/stats.sql, functions/import.sql)
-  memchat.chat_stats(text),
-  memchat.session_stats(uuid),
-  memchat.import_sessions(jsonb, jsonb, jsonb, interval, jsonb),
+  memchat.chat_stats(uuid, text),
+  memchat.session_stats(uuid, uuid),
+  memchat.import_sessions(uuid, jsonb, jsonb, jsonb, interval, jsonb),
   -- memories (functions/memories.sql)
   memchat.search_memories(text, extensions.vector, text, text, integer, double precision,
                           boolean),
@@ -174,5 +174,5 @@ grant execute on function
   to memchat_worker;
 
 -- Supabase's `service_role`.
-grant execute on function memchat.current_user_exists(), memchat.save_notes(text, text, integer)
+grant execute on function memchat.current_user_exists(), memchat.save_notes(uuid, text, text, integer)
   to service_role;

@@ -27,8 +27,8 @@ the API makes it: `db.pipeline(caller.claims)`, i.e. one transaction as
 `memchat_user` with the user's claims (row-level security) and the user
 check, in one round trip, then the JSON read:
 
-- `select memchat.chat_stats(null)` (all agents) and `('default')`;
-- `select memchat.session_stats(id)` on the user's largest session;
+- `select memchat.chat_stats(uid, null)` (all agents) and `(uid, 'default')`;
+- `select memchat.session_stats(uid, id)` on the user's largest session;
 - for reference, the same pipeline with `select 1` instead (the floor: the
   claims, the user check, the round trip).
 
@@ -102,8 +102,8 @@ TARGET_MS = 20.0
 FILLER = "lorem ipsum dolor sit amet " * 5  # ~150 characters a message
 
 # The calls, as the API's store makes them.
-CHAT_STATS = "select memchat.chat_stats(%s)"
-SESSION_STATS = "select memchat.session_stats(%s)"
+CHAT_STATS = "select memchat.chat_stats(%s, %s)"
+SESSION_STATS = "select memchat.session_stats(%s, %s)"
 FLOOR = "select 1"
 
 # Stored messages in LangChain's message_to_dict shape, built by the
@@ -370,7 +370,7 @@ async def pipelined(db: Database, caller: store.Caller, query: str, arg: Any) ->
         if query == FLOOR:
             await cur.execute(query)
         else:
-            await cur.execute(query, (arg,))
+            await cur.execute(query, (caller.user_id, arg))
     row = await cur.fetchone()
     assert row is not None
     return row[0]
@@ -504,26 +504,30 @@ def explain(url: str, owner: Owner, function: str, arg: Any, label: str) -> Plan
     with the owner's claims, as a generic plan (the SQL function plans its
     statement without its argument's value)."""
     with psycopg.connect(url, autocommit=True) as conn, conn.transaction():
+        # The caller's id first (p_user_id), then the argument.
         row = conn.execute(
-            "select prosrc, proargnames[1], format_type(proargtypes[0], null)"
+            "select prosrc, proargnames[1], proargnames[2], format_type(proargtypes[1], null)"
             " from pg_proc where oid = %s::regprocedure",
             (function,),
         ).fetchone()
         assert row is not None
-        body, argname, argtype = row
-        body = re.sub(rf"\b{re.escape(argname)}\b", "$1", statement_of(body))
+        body, callername, argname, argtype = row
+        body = statement_of(body)
+        body = re.sub(rf"\b{re.escape(callername)}\b", "$1", body)
+        body = re.sub(rf"\b{re.escape(argname)}\b", "$2", body)
         become(conn, owner.caller.claims)
         conn.execute("set local plan_cache_mode = force_generic_plan")
-        conn.execute(f"prepare bench_stats ({argtype}) as {body}")
+        conn.execute(f"prepare bench_stats (uuid, {argtype}) as {body}")
         # Client-side binding: a utility statement's parameters get no types.
         cur = psycopg.ClientCursor(conn)
-        execute = f"execute bench_stats (%s::{argtype})"
-        cur.execute(execute, (arg,))  # once, so the plan and the buffers are warm
+        execute = f"execute bench_stats (%s::uuid, %s::{argtype})"
+        args = (owner.caller.user_id, arg)
+        cur.execute(execute, args)  # once, so the plan and the buffers are warm
         (doc,) = cur.execute(
-            "explain (analyze, buffers, format json) " + execute, (arg,)
+            "explain (analyze, buffers, format json) " + execute, args
         ).fetchone() or (None,)
         text = "\n".join(
-            r[0] for r in cur.execute("explain (analyze, buffers) " + execute, (arg,)).fetchall()
+            r[0] for r in cur.execute("explain (analyze, buffers) " + execute, args).fetchall()
         )
     top = doc[0]
     nodes: list[dict[str, Any]] = []
@@ -553,12 +557,14 @@ def explain(url: str, owner: Owner, function: str, arg: Any, label: str) -> Plan
 def plans_for(url: str, owners: list[Owner]) -> list[Plan]:
     plans = []
     for o in owners:
-        plans.append(explain(url, o, "memchat.chat_stats(text)", None, "chat_stats(null)"))
+        plans.append(explain(url, o, "memchat.chat_stats(uuid, text)", None, "chat_stats(null)"))
         plans.append(
-            explain(url, o, "memchat.chat_stats(text)", AGENTS[0], "chat_stats('default')")
+            explain(url, o, "memchat.chat_stats(uuid, text)", AGENTS[0], "chat_stats('default')")
         )
         plans.append(
-            explain(url, o, "memchat.session_stats(uuid)", o.largest_id, "session_stats(largest)")
+            explain(
+                url, o, "memchat.session_stats(uuid, uuid)", o.largest_id, "session_stats(largest)"
+            )
         )
     return plans
 

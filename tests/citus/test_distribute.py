@@ -278,7 +278,10 @@ def test_the_command_refuses_plain_postgresql_and_is_idempotent_on_citus(
 
 
 async def test_clear_feedback_notes_export_and_erase_work_on_citus(
-    api_db: Database, citus_users: UserFactory, coordinator: psycopg.Connection
+    api_db: Database,
+    citus_users: UserFactory,
+    coordinator: psycopg.Connection,
+    distributed: CitusCluster,
 ) -> None:
     """The request paths beside the turn, each routed to the caller's shard
     group; a cleared message's feedback goes with it (the row trigger of
@@ -295,6 +298,22 @@ async def test_clear_feedback_notes_export_and_erase_work_on_citus(
     assert saved.version == 1 and (await store.read_notes(api_db, gina, "default")).notes == (
         "likes cats"
     )
+    restored = await store.restore_notes(api_db, gina, "default", 1, 1)
+    assert restored is not None and (restored.version, restored.notes) == (2, "likes cats")
+    stats = await store.chat_stats(api_db, gina, None)
+    assert stats["feedback"]["positive"] == 1 and stats["sessions"]["total"] == 1
+    one = await store.session_stats(api_db, gina, info.id)
+    assert one is not None and one["messages"] == 2
+    assert await store.session_stats(api_db, hal, info.id) is None  # not hal's
+    # The notes' and the stats' functions are delegated: one shard group.
+    uid = gina.user_id
+    delegated = [
+        ("select memchat.chat_stats(%s, null)", (uid,)),
+        ("select memchat.session_stats(%s, %s)", (uid, info.id)),
+        ("select memchat.save_notes(%s, 'default', 'likes dogs too', null)", (uid,)),
+        ("select memchat.restore_notes(%s, 'default', 1, null)", (uid,)),
+    ]
+    assert shard_groups(distributed.coordinator_url, gina.claims, delegated) == 1
 
     async with store.export.snapshot(api_db, gina, whole_account=True) as reader:
         sessions = [s async for batch in reader.sessions() for s in batch]

@@ -78,8 +78,8 @@ def test_the_migration_it_writes_makes_them_agree(
         )
     change(
         schemas / "grants.sql",
-        "  memchat.session_stats(uuid),\n",
-        "  memchat.session_stats(uuid),\n  memchat.stats_version(),\n",
+        "  memchat.session_stats(uuid, uuid),\n",
+        "  memchat.session_stats(uuid, uuid),\n  memchat.stats_version(),\n",
     )
     change(
         schemas / "policies.sql",

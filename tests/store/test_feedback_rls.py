@@ -75,8 +75,16 @@ def test_b_cannot_see_change_or_take_over_as_feedback(
             " values (%(a_answer)s, %(b)s, %(b_session)s, 'default', -1)",
         ):
             assert refused(conn, statement, rated), statement
-        stats = conn.execute("select memchat.chat_stats(null)").fetchone()
-        one = conn.execute("select memchat.session_stats(%s)", (world.a_session,)).fetchone()
+        stats = conn.execute("select memchat.chat_stats(%s, null)", (world.b.user_id,)).fetchone()
+        one = conn.execute(
+            "select memchat.session_stats(%s, %s)", (world.b.user_id, world.a_session)
+        ).fetchone()
+        # Naming A as the caller is refused, whatever A has.
+        for statement in (
+            "select memchat.chat_stats(%(a)s, null)",
+            "select memchat.session_stats(%(a)s, %(a_session)s)",
+        ):
+            assert refused(conn, statement, rated), statement
     assert a_feedback(admin, world) == before
     assert stats is not None and stats[0]["feedback"]["positive"] == 0
     assert stats[0]["sessions"]["total"] == 1  # B's own
@@ -88,7 +96,7 @@ def test_a_sees_and_counts_its_own(
 ) -> None:
     with acting_as(conn, world.a.claims):
         rows = conn.execute("select message_id from memchat.message_feedback").fetchall()
-        stats = conn.execute("select memchat.chat_stats(null)").fetchone()
+        stats = conn.execute("select memchat.chat_stats(%s, null)", (world.a.user_id,)).fetchone()
     assert rows == [(rated["a_answer"],)]
     assert stats is not None and stats[0]["feedback"]["positive"] == 1
 
@@ -99,8 +107,8 @@ def test_a_sees_and_counts_its_own(
         "select * from memchat.message_feedback",
         "insert into memchat.message_feedback (message_id, user_id, session_id, agent_name,"
         " rating) values (%(a_answer)s, %(a)s, %(a_session)s, 'default', 1)",
-        "select memchat.chat_stats(null)",
-        "select memchat.session_stats(%(a_session)s)",
+        "select memchat.chat_stats(%(a)s, null)",
+        "select memchat.session_stats(%(a)s, %(a_session)s)",
         "select * from memchat_analytics.turns",
         "select * from memchat_analytics.daily_usage",
     ],

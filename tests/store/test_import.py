@@ -23,7 +23,7 @@ from tests.utils.users import UserFactory
 
 T0 = datetime(2024, 2, 29, 23, 59, 30, 123456, tzinfo=UTC)
 TTL = timedelta(hours=2)
-CALL = "select memchat.import_sessions(%(sessions)s, '[]', '[]', '2 hours', null)"
+CALL = "select memchat.import_sessions(%(user_id)s, %(sessions)s, '[]', '[]', '2 hours', null)"
 
 
 def session(session_id: uuid.UUID, *, title: str = "imported", n: int = 2) -> store.SessionImport:
@@ -155,7 +155,11 @@ def test_rls_keeps_each_caller_to_their_own_rows(
 ) -> None:
     sid = uuid.uuid4()
     with acting_as(conn, world.b.claims):
-        done = conn.execute(CALL, {"sessions": raw(sid, messages.human("mine"))}).fetchone()
+        mine = {"user_id": world.b.user_id, "sessions": raw(sid, messages.human("mine"))}
+        done = conn.execute(CALL, mine).fetchone()
+        # Naming another user as the caller is refused.
+        as_a = {**mine, "user_id": world.a.user_id}
+        assert sqlstate(conn, CALL, as_a) == "42501"
     assert done is not None and done[0]["sessions"] == [str(sid)]
     owners = admin.execute(
         "select distinct user_id from public.chat_message_history where session_id = %s", (sid,)
@@ -163,7 +167,8 @@ def test_rls_keeps_each_caller_to_their_own_rows(
     assert owners == [(world.b.user_id,)]
     # A's import of B's session id is A's own session, however B's is.
     with acting_as(conn, world.a.claims):
-        done = conn.execute(CALL, {"sessions": raw(sid, messages.human("a's"))}).fetchone()
+        theirs = {"user_id": world.a.user_id, "sessions": raw(sid, messages.human("a's"))}
+        done = conn.execute(CALL, theirs).fetchone()
     assert done is not None and done[0]["sessions"] == [str(sid)]
 
 
@@ -171,7 +176,10 @@ def test_rls_keeps_each_caller_to_their_own_rows(
 def test_only_the_apis_role_may_import(
     gateway: psycopg.Connection, world: World, role: str
 ) -> None:
-    params = {"sessions": raw(uuid.uuid4(), messages.human("through the Data API"))}
+    params = {
+        "user_id": world.a.user_id,
+        "sessions": raw(uuid.uuid4(), messages.human("through the Data API")),
+    }
     if role == "anon":
         with acting_as(gateway, None):
             assert sqlstate(gateway, CALL, params) == "42501"
@@ -194,7 +202,8 @@ def test_the_databases_limits_hold_for_an_import_too(
     """Whoever calls it: the API checks first and names the record; the
     database holds the same line under any caller."""
     with acting_as(conn, world.a.claims):
-        assert sqlstate(conn, CALL, {"sessions": raw(uuid.uuid4(), message)}) == refusal
+        params = {"user_id": world.a.user_id, "sessions": raw(uuid.uuid4(), message)}
+        assert sqlstate(conn, CALL, params) == refusal
 
 
 def test_expiry_is_clamped_to_the_databases_maximum(
@@ -203,8 +212,8 @@ def test_expiry_is_clamped_to_the_databases_maximum(
     sid = uuid.uuid4()
     with acting_as(conn, world.a.claims):
         conn.execute(
-            "select memchat.import_sessions(%s, '[]', '[]', '10000 hours', null)",
-            (raw(sid, messages.human("long")),),
+            "select memchat.import_sessions(%s, %s, '[]', '[]', '10000 hours', null)",
+            (world.a.user_id, raw(sid, messages.human("long"))),
         )
     row = admin.execute(
         "select s.expires_at <= now() + l.max_session_ttl from public.chat_sessions s,"

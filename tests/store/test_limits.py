@@ -61,12 +61,19 @@ def test_a_new_turns_message_is_held_to_max_message_chars_an_imported_one_is_not
             params = {"u": world.a.user_id, "s": uuid.uuid4(), "m": said}
             assert (sqlstate(conn, turn, params) == "MC413") is refused
     with acting_as(conn, world.a.claims):
+        session = {
+            "id": str(uuid.uuid4()),
+            "agent_name": "default",
+            "title": "t",
+            "status": "active",
+            "created_at": "2024-01-01T00:00:00Z",
+            "last_active_at": "2024-01-01T00:00:00Z",
+            "messages": [
+                {"message": messages.human("y" * 150_000), "created_at": "2024-01-01T00:00:00Z"}
+            ],
+        }
         imported = conn.execute(
-            "select memchat.import_sessions(%s, '[]', '[]', '1 hour', null)",
-            (json.dumps([{"id": str(uuid.uuid4()), "agent_name": "default", "title": "t",
-                          "status": "active", "created_at": "2024-01-01T00:00:00Z",
-                          "last_active_at": "2024-01-01T00:00:00Z",
-                          "messages": [{"message": messages.human("y" * 150_000),
-                                        "created_at": "2024-01-01T00:00:00Z"}]}]),),
-        ).fetchone()  # fmt: skip
+            "select memchat.import_sessions(%s, %s, '[]', '[]', '1 hour', null)",
+            (world.a.user_id, json.dumps([session])),
+        ).fetchone()
     assert imported is not None and len(imported[0]["sessions"]) == 1

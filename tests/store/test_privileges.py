@@ -172,7 +172,7 @@ WITHOUT_THE_SWITCH = {
     "read pointers": "select * from public.user_agent_active_sessions",
     "load a turn": store.turns.LOAD_CONTEXT.replace("%s", "null"),
     "record a turn": store.turns.RECORD_TURN.replace("%s", "null"),
-    "save notes": "select memchat.save_notes('default', 'x', null)",
+    "save notes": "select memchat.save_notes(%(a)s, 'default', 'x', null)",
     "insert a message": "insert into public.chat_message_history (session_id, user_id, message)"
     " values (%(a_session)s, %(a)s, %(message)s)",
     "delete sessions": "delete from public.chat_sessions",
@@ -235,7 +235,7 @@ REFUSED_TO_THE_DATA_API = {
     " set created_at = now() - interval '1 year' where user_id = %(a)s",
     "call load_context": store.turns.LOAD_CONTEXT.replace("%s", "null"),
     "call record_turn": store.turns.RECORD_TURN.replace("%s", "null"),
-    "call save_notes": "select memchat.save_notes('default', 'x', null)",
+    "call save_notes": "select memchat.save_notes(%(a)s, 'default', 'x', null)",
     "read the limits": "select * from memchat.limits",
     "refill the throttle": "insert into memchat.chat_rate (user_id, tokens, refilled_at)"
     " values (%(a)s, 1000, now())",

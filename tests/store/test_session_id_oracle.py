@@ -37,7 +37,7 @@ LOOKUPS: dict[str, tuple[Query, Any]] = {
         load_context_args,
     ),
     "export a session": (store.export._SESSION, lambda uid, sid: (uid, sid)),
-    "session stats": ("select memchat.session_stats(%s)", lambda uid, sid: (sid,)),
+    "session stats": ("select memchat.session_stats(%s, %s)", lambda uid, sid: (uid, sid)),
     "clear a session": (
         store.sessions._CLEAR_LOCK,
         lambda uid, sid: {"user_id": uid, "session_id": sid, "agent_name": "default"},

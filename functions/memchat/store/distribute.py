@@ -93,6 +93,11 @@ DELEGATED_FUNCTIONS = (
     " double precision, double precision, timestamptz, timestamptz)",
     "memchat.recall_memories(uuid, text, extensions.vector, text, text, integer, double precision)",
     "memchat.import_memories(uuid, jsonb, integer)",
+    "memchat.save_notes(uuid, text, text, integer)",
+    "memchat.restore_notes(uuid, text, integer, integer)",
+    "memchat.chat_stats(uuid, text)",
+    "memchat.session_stats(uuid, uuid)",
+    "memchat.import_sessions(uuid, jsonb, jsonb, jsonb, interval, jsonb)",
 )
 
 # The login roles of memchat's statements: their sessions get these settings.

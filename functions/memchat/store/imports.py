@@ -25,7 +25,7 @@ from memchat.store.records import Caller
 from memchat.throttle import Bucket
 
 _LIMITS = "select l.max_import_message_chars, l.max_message_bytes from memchat.limits l"
-_IMPORT = "select memchat.import_sessions(%s::jsonb, %s::jsonb, %s::jsonb, %s, %s::jsonb)"
+_IMPORT = "select memchat.import_sessions(%s, %s::jsonb, %s::jsonb, %s::jsonb, %s, %s::jsonb)"
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,7 @@ async def import_sessions(
         if message.feedback is not None
     ]
     params = (
+        caller.user_id,
         _dumps([_session_json(s) for s in sessions]),
         _dumps(feedback),
         _dumps([_notes_json(n) for n in notes]),

@@ -10,7 +10,7 @@ from memchat.store.db import Database, translate
 from memchat.store.records import Caller, Notes, NotesVersion
 from memchat.throttle import Bucket
 
-_SAVE_NOTES = "select memchat.save_notes(%s, %s, %s)"
+_SAVE_NOTES = "select memchat.save_notes(%s, %s, %s, %s)"
 _READ_NOTES = """
 select jsonb_build_object('notes', m.notes, 'version', m.version, 'updated_at', m.updated_at)
   from public.agent_long_term_memory m
@@ -36,7 +36,7 @@ async def save_notes(
 ) -> Notes:
     """Replace the notes; with `expected_version`, only if still at that version."""
     _, saved = await _write_notes(
-        db, caller, agent_name, _SAVE_NOTES, (agent_name, notes, expected_version)
+        db, caller, agent_name, _SAVE_NOTES, (caller.user_id, agent_name, notes, expected_version)
     )
     return saved
 
@@ -97,7 +97,7 @@ async def notes_versions(db: Database, caller: Caller, agent_name: str) -> list[
     return [NotesVersion(r[0], r[1], r[2]) for r in await cur.fetchall()]
 
 
-_RESTORE_NOTES = "select memchat.restore_notes(%s, %s, %s)"
+_RESTORE_NOTES = "select memchat.restore_notes(%s, %s, %s, %s)"
 
 
 async def restore_notes(
@@ -111,6 +111,10 @@ async def restore_notes(
     `expected_version`, only if still at that version. None when that version
     is not kept."""
     version, restored = await _write_notes(
-        db, caller, agent_name, _RESTORE_NOTES, (agent_name, version, expected_version)
+        db,
+        caller,
+        agent_name,
+        _RESTORE_NOTES,
+        (caller.user_id, agent_name, version, expected_version),
     )
     return restored if version is not None else None

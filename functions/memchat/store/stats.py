@@ -15,7 +15,7 @@ async def chat_stats(db: Database, caller: Caller, agent_name: str | None) -> di
     sessions' counters and their feedback, never their messages."""
     async with db.pipeline(caller.claims, throttle=Bucket.READ) as conn:
         cur = conn.cursor()
-        await cur.execute("select memchat.chat_stats(%s)", (agent_name,))
+        await cur.execute("select memchat.chat_stats(%s, %s)", (caller.user_id, agent_name))
     row = await cur.fetchone()
     assert row is not None
     stats: dict[str, Any] = row[0]
@@ -28,6 +28,6 @@ async def session_stats(
     """One of the caller's sessions' stats; None if it is not theirs."""
     async with db.pipeline(caller.claims, throttle=Bucket.READ) as conn:
         cur = conn.cursor()
-        await cur.execute("select memchat.session_stats(%s)", (session_id,))
+        await cur.execute("select memchat.session_stats(%s, %s)", (caller.user_id, session_id))
     row = await cur.fetchone()
     return row[0] if row and row[0] is not None else None

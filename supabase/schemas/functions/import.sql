@@ -26,6 +26,8 @@
 -- transaction's call) for the request's messages in sessions the caller
 -- does not have live, and every call for what it stores itself.
 --
+-- p_user_id: the caller, as the API names it (on Citus, the worker the
+--   call is delegated to).
 -- p_sessions: [{"id", "agent_name", "title", "status", "created_at",
 --   "last_active_at", "summary", "summary_covers" (the ordinal, from 1, of the
 --   last message the summary covers), "summary_updated_at", "messages":
@@ -37,7 +39,8 @@
 -- Returns {"sessions": [ids stored], "notes": [agent names stored]}: what is
 -- not in them the caller had already.
 create function memchat.import_sessions(
-  p_sessions jsonb, p_feedback jsonb, p_notes jsonb, p_ttl interval, p_request jsonb
+  p_user_id uuid, p_sessions jsonb, p_feedback jsonb, p_notes jsonb, p_ttl interval,
+  p_request jsonb
 ) returns jsonb
 language plpgsql
 set search_path = ''
@@ -49,6 +52,11 @@ declare
   v_owners uuid[];
   v_notes text[];
 begin
+  -- The caller as the API names it: on Citus the call is delegated by it
+  -- to the worker holding that user's shards (`memchat db distribute`).
+  if p_user_id is distinct from v_uid then
+    raise exception 'the caller is not user %', p_user_id using errcode = '42501';
+  end if;
   delete from public.chat_sessions s
    using jsonb_to_recordset(p_sessions) as g(id uuid)
    where s.id = g.id and s.user_id = v_uid and s.expires_at <= now();

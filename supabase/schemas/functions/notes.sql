@@ -5,7 +5,11 @@
 -- p_expected_version null = unconditional, 0 = "there were no notes",
 -- n = "the notes I read had version n". A mismatch raises SQLSTATE MC409
 -- so the whole transaction rolls back and the caller can re-read and retry.
-create function memchat.save_notes(p_agent_name text, p_notes text, p_expected_version integer)
+-- p_user_id: the caller, as the API names it (on Citus, the worker the call
+-- is delegated to).
+create function memchat.save_notes(
+  p_user_id uuid, p_agent_name text, p_notes text, p_expected_version integer
+)
 returns integer
 language plpgsql
 set search_path = ''
@@ -17,6 +21,11 @@ declare
   v_now timestamptz := now();
   v_version integer;
 begin
+  -- The caller as the API names it: on Citus the call is delegated by it
+  -- to the worker holding that user's shards (`memchat db distribute`).
+  if p_user_id is distinct from v_uid then
+    raise exception 'the caller is not user %', p_user_id using errcode = '42501';
+  end if;
   if p_expected_version is null then
     insert into public.agent_long_term_memory as m (user_id, agent_name, notes)
     values (v_uid, p_agent_name, p_notes)
@@ -47,7 +56,7 @@ $$;
 -- new version; p_expected_version as in memchat.save_notes). Null when there
 -- is no such version.
 create function memchat.restore_notes(
-  p_agent_name text, p_version integer, p_expected_version integer
+  p_user_id uuid, p_agent_name text, p_version integer, p_expected_version integer
 ) returns integer
 language plpgsql
 set search_path = ''
@@ -57,13 +66,18 @@ declare
   v_uid uuid := auth.uid();
   v_notes text;
 begin
+  -- The caller as the API names it: on Citus the call is delegated by it
+  -- to the worker holding that user's shards (`memchat db distribute`).
+  if p_user_id is distinct from v_uid then
+    raise exception 'the caller is not user %', p_user_id using errcode = '42501';
+  end if;
   select v.notes into v_notes from memchat.notes_versions v
    where v.user_id = v_uid and v.agent_name = p_agent_name
      and v.version = p_version;
   if not found then
     return null;
   end if;
-  return memchat.save_notes(p_agent_name, v_notes, p_expected_version);
+  return memchat.save_notes(v_uid, p_agent_name, v_notes, p_expected_version);
 end
 $$;
 

@@ -7,7 +7,7 @@
 -- null): one scan of their sessions (the owner's index) and one of their
 -- feedback; with their stored messages and the quota (per user, whatever
 -- agent the stats are of).
-create function memchat.chat_stats(p_agent_name text) returns jsonb
+create function memchat.chat_stats(p_user_id uuid, p_agent_name text) returns jsonb
 language plpgsql stable
 set search_path = ''
 as $$
@@ -19,6 +19,11 @@ declare
   v_stored bigint := memchat.stored_messages();
   v_max bigint := memchat.max_stored_messages();
 begin
+  -- The caller as the API names it: on Citus the call is delegated by it
+  -- to the worker holding that user's shards (`memchat db distribute`).
+  if p_user_id is distinct from v_uid then
+    raise exception 'the caller is not user %', p_user_id using errcode = '42501';
+  end if;
   return (
     with s as (
       select s.* from public.chat_sessions s
@@ -55,7 +60,9 @@ end
 $$;
 
 -- The same for one of the caller's sessions (null if it is not theirs).
-create function memchat.session_stats(p_session_id uuid) returns jsonb
+-- Both take the caller's id first, as the API names it (on Citus, the
+-- worker the call is delegated to).
+create function memchat.session_stats(p_user_id uuid, p_session_id uuid) returns jsonb
 language plpgsql stable
 set search_path = ''
 as $$
@@ -63,6 +70,11 @@ declare
   -- The caller, a parameter of each statement: on Citus, its shard.
   v_uid uuid := auth.uid();
 begin
+  -- The caller as the API names it: on Citus the call is delegated by it
+  -- to the worker holding that user's shards (`memchat db distribute`).
+  if p_user_id is distinct from v_uid then
+    raise exception 'the caller is not user %', p_user_id using errcode = '42501';
+  end if;
   return (
     select jsonb_build_object(
       'session_id', s.id,

@@ -343,7 +343,7 @@ begin
       last_active_at = excluded.last_active_at;
 
   if p_notes is not null then
-    perform memchat.save_notes(v_session.agent_name, p_notes, p_notes_version);
+    perform memchat.save_notes(v_uid, v_session.agent_name, p_notes, p_notes_version);
   end if;
 
   if p_client_message_id is not null then
