@@ -44,7 +44,8 @@ async def test_concurrent_clears_never_clear_a_fresh_session(db, users, admin):
     assert marked == {r.cleared_session_id for r in cleared}
     active = admin.execute(
         "select s.status from public.user_agent_active_sessions a"
-        " join public.chat_sessions s on s.id = a.active_session_id where a.user_id = %s",
+        " join public.chat_sessions s on s.id = a.active_session_id and s.user_id = a.user_id"
+        " where a.user_id = %s",
         (alice.user_id,),
     ).fetchone()
     assert active == ("active",)

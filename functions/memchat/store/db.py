@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -166,6 +167,22 @@ def refusal(exc: psycopg.Error) -> MemchatError | None:
     except ValueError:
         seconds = 1.0
     return RateLimited(seconds, describe(exc.diag.message_primary or ""))
+
+
+def constraint_of(exc: psycopg.Error) -> str | None:
+    """The constraint `exc` names, as the schema names it. Citus relays an
+    error raised on a worker without its fields, the constraint named in its
+    message only, and there by the shard's copy, the shard's id appended
+    (`chat_message_history_client_message_idx_102081`)."""
+    name = exc.diag.constraint_name
+    if name is None:
+        found = _NAMED_CONSTRAINT.search(exc.diag.message_primary or "")
+        name = found.group(1) if found else None
+    return _SHARD_SUFFIX.sub("", name) if name else None
+
+
+_NAMED_CONSTRAINT = re.compile(r'constraint "([^"]+)"')
+_SHARD_SUFFIX = re.compile(r"_\d{6,}$")
 
 
 def connect_kwargs() -> dict[str, Any]:

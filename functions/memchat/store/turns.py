@@ -21,7 +21,7 @@ from memchat.errors import (
     IdempotencyInFlight,
     RateLimited,
 )
-from memchat.store.db import Database, translate
+from memchat.store.db import Database, constraint_of, translate
 from memchat.store.fragments import vector_param
 from memchat.store.memories import FORGET
 from memchat.store.records import (
@@ -266,7 +266,7 @@ async def record_turn(db: Database, caller: Caller, turn: Turn) -> SessionInfo:
                 forget = {"user_id": caller.user_id, "ids": turn.forget_memory_ids}
                 await conn.cursor().execute(FORGET, forget)
     except psycopg.errors.UniqueViolation as exc:
-        if exc.diag.constraint_name == "chat_message_history_client_message_idx":
+        if constraint_of(exc) == "chat_message_history_client_message_idx":
             raise DuplicateClientMessage() from exc
         raise
     except psycopg.Error as exc:
