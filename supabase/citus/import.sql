@@ -10,8 +10,8 @@
 -- caller's shard: the same rows, in the same order (a session's messages
 -- get ascending ids in the file's order), under the same policies, limits
 -- and triggers. Applied by `memchat db distribute` (memchat.store.distribute)
--- after the tables are distributed, and again by every later run: run it
--- after `memchat migrate`.
+-- after the tables are distributed, and again by every later run
+-- (`memchat migrate` runs it after any migration on a distributed database).
 
 create or replace function memchat.import_sessions(
   p_user_id uuid, p_sessions jsonb, p_feedback jsonb, p_notes jsonb, p_ttl interval,

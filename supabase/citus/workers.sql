@@ -10,7 +10,8 @@
 -- volatile function in a distributed UPDATE, and any but an immutable one
 -- in its RETURNING). Applied by `memchat db
 -- distribute` (memchat.store.distribute) after the tables are distributed,
--- and again by every later run: run it after `memchat migrate`.
+-- and again by every later run (`memchat migrate` runs it after any migration
+-- on a distributed database).
 
 -- Lease up to p_limit due items of the queue memchat.<p_queue> for
 -- p_lease_seconds: [{"lease", "session_id", "attempts"}]. The owner's,

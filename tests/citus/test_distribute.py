@@ -8,11 +8,13 @@ the step refuses."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -31,7 +33,7 @@ from memchat.store.distribute import (
     placed,
 )
 from memchat.store.embeddings import RECALL, RECALL_MEMORIES, recall_params
-from memchat.store.migrations import migrate
+from memchat.store.migrations import MIGRATIONS_DIR, migrate
 from tests.utils.citus_cluster import CitusCluster, shard_groups
 from tests.utils.store_data import TTL, become, exchange, record, turn
 from tests.utils.users import UserFactory
@@ -409,7 +411,7 @@ async def test_recall_runs_on_the_callers_worker_in_one_shard_group(
 
 
 def test_distribute_puts_the_citus_forms_back_after_a_migration(
-    distributed: CitusCluster, coordinator: psycopg.Connection
+    distributed: CitusCluster, coordinator: psycopg.Connection, tmp_path: Path
 ) -> None:
     def forms() -> tuple[bool, bool, bool]:
         """The claims' Citus forms, and the statistics step's setting."""
@@ -435,4 +437,18 @@ def test_distribute_puts_the_citus_forms_back_after_a_migration(
     coordinator.execute("alter function memchat.embedding_statistics() set search_path = ''")
     assert forms() == (False, True, False)
     distribute(distributed.coordinator_url)
+    assert forms() == (True, True, True)
+
+    # `memchat migrate` does it itself once its migrations replaced them:
+    # those of the repository and a later one (the module's last test).
+    migrations = tmp_path / "migrations"
+    shutil.copytree(MIGRATIONS_DIR, migrations)
+    (migrations / "29991231000000_plain_forms_again.sql").write_text(
+        "create or replace function memchat.summary_claim(p_limit integer,"
+        " p_lease_seconds double precision) returns jsonb language plpgsql security definer"
+        " set search_path = '' as $$ begin return '[]'::jsonb; end $$;\n"
+        "alter function memchat.embedding_statistics() reset all;\n"
+        "alter function memchat.embedding_statistics() set search_path = '';\n"
+    )
+    assert migrate(distributed.coordinator_url, migrations) == ["29991231000000"]
     assert forms() == (True, True, True)

@@ -122,8 +122,15 @@ def is_supabase(conn: psycopg.Connection[Any]) -> bool:
 
 
 def migrate(conninfo: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
-    """Apply pending migrations; returns the versions applied. Idempotent."""
+    """Apply pending migrations; returns the versions applied. Idempotent.
+
+    On a Citus coordinator whose tables are distributed, the distribution
+    step runs again after any migration applied (`memchat db distribute`,
+    idempotent): a migration that replaces a function puts back its plain
+    PostgreSQL form, settings and all, which Citus cannot run (the Citus
+    forms, the plan settings, the delegation: docs/deploy.md, "Citus")."""
     applied_now: list[str] = []
+    distributed = False
     with connect(conninfo) as conn:
         conn.execute("select pg_advisory_lock(%s)", (_LOCK_KEY,))
         try:
@@ -151,8 +158,17 @@ def migrate(conninfo: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
                     )
                 logger.info("applied migration %s_%s", migration.version, migration.name)
                 applied_now.append(migration.version)
+            if applied_now:
+                from memchat.store.distribute import on_citus, placed
+
+                distributed = on_citus(conn) and bool(placed(conn))
         finally:
             conn.execute("select pg_advisory_unlock(%s)", (_LOCK_KEY,))
+    if distributed:
+        from memchat.store.distribute import distribute
+
+        distribute(conninfo)
+        logger.info("distributed again after the migrations (Citus)")
     return applied_now
 
 
