@@ -12,11 +12,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from memchat import messages
 from memchat.errors import DatabaseUnavailable
 from memchat.store.db import Database, RequestLimits
-from memchat.store.distribute import on_citus
+from memchat.store.distribute import DELEGATED_FUNCTIONS, on_citus
 from tests.store.conftest import World
 from tests.store.test_privileges import sqlstate
 from tests.utils.store_data import (
@@ -192,3 +193,20 @@ def test_a_turns_function_refuses_a_user_id_not_the_callers(
         # crashes Citus 14.0.1's coordinator (docs/deploy.md): never sent there.
         if not on_citus(conn):
             assert sqlstate(conn, statement, args(None)) == "42501"
+
+
+@pytest.mark.parametrize("function", DELEGATED_FUNCTIONS)
+def test_every_delegated_function_refuses_a_user_id_not_the_callers(
+    conn: psycopg.Connection, world: World, function: str
+) -> None:
+    """Each function `memchat db distribute` delegates by its first argument
+    checks it before anything else: B naming A is refused, whatever else
+    the call says."""
+    name, _, rest = function.partition("(")
+    others = [t.strip() for t in rest.rstrip(")").split(",")][1:]
+    call = sql.SQL("select {}(%s{})").format(
+        sql.SQL(name),
+        sql.SQL("").join(sql.SQL(", null::{}").format(sql.SQL(t)) for t in others),
+    )
+    with acting_as(conn, world.b.claims):
+        assert sqlstate(conn, call, (world.a.user_id,)) == "42501"

@@ -14,16 +14,20 @@ as $$
 declare
   -- The caller, a parameter of each statement: on Citus, its shard.
   v_uid uuid := auth.uid();
-  -- Read first, each in a statement of its own (on Citus, a function
-  -- reading a distributed table cannot run inside a statement that does).
-  v_stored bigint := memchat.stored_messages();
-  v_max bigint := memchat.max_stored_messages();
+  v_stored bigint;
+  v_max bigint;
 begin
   -- The caller as the API names it: on Citus the call is delegated by it
   -- to the worker holding that user's shards (`memchat db distribute`).
+  -- Checked before any read (on Citus, one of another user's rows there
+  -- is refused as not the distribution argument's).
   if p_user_id is distinct from v_uid then
     raise exception 'the caller is not user %', p_user_id using errcode = '42501';
   end if;
+  -- Read first, each in a statement of its own (on Citus, a function
+  -- reading a distributed table cannot run inside a statement that does).
+  v_stored := memchat.stored_messages();
+  v_max := memchat.max_stored_messages();
   return (
     with s as (
       select s.* from public.chat_sessions s
