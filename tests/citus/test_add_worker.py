@@ -22,12 +22,11 @@ from memchat.store.db import Database
 from memchat.store.distribute import distribute
 from memchat.store.embeddings import RECALL, RECALL_MEMORIES, recall_params
 from memchat.store.migrations import migrate
+from tests.citus.test_distribute import MODEL, _axis
 from tests.utils.citus_cluster import CitusCluster, add_worker, shard_groups
 from tests.utils.store_data import exchange, turn
 from tests.utils.users import UserFactory
 
-MODEL = "test-embedding-model"
-DIMS = 512  # the column as the migrations make it
 # The node that holds a user's shard group (all its co-located shards).
 NODE_OF = """
 select n.nodeport
@@ -39,12 +38,6 @@ select citus_move_shard_placement(
   get_shard_id_for_distribution_column('public.chat_sessions', %s),
   '127.0.0.1', %s, '127.0.0.1', %s, shard_transfer_mode => 'block_writes')
 """
-
-
-def _axis(i: int) -> list[float]:
-    values = [0.0] * DIMS
-    values[i] = 1.0
-    return values
 
 
 def _port(url: str) -> int:
