@@ -44,20 +44,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # The behaviour tests that run on Citus too (`pytest --citus`, infra/test.sh):
 # these directories' modules, but those of CITUS_NOT_YET and the tests marked
 # plain_only (what one PostgreSQL server itself does: its plans, its
-# counters, its catalog as the migrations leave it).
+# counters, its catalog as the migrations leave it) or data_api (what the
+# Data API does, which Citus does not serve: docs/deploy.md, "Citus").
 CITUS_LANE = ("tests/store", "tests/api", "tests/cleanup")
-# What does not run on Citus yet (docs/deploy.md, "Citus", says why).
+# What does not run on Citus yet (docs/deploy.md, "Citus", says why): modules,
+# or tests (module::name).
 CITUS_NOT_YET = (
-    # The Data API's own statements (PostgREST's, without user_id).
-    "tests/store/test_privileges.py",
-    # Updates that move a row to another user: Citus refuses them itself.
-    "tests/store/test_rls.py",
-    "tests/store/test_feedback_rls.py",
     # LangChain's inserts name no user_id (the distribution column).
-    "tests/store/test_langchain_compat.py",
-    # Lock waits watched on this server (on Citus they happen on a worker),
-    # and TRUNCATE.
-    "tests/store/test_message_dependents.py",
+    "tests/store/test_langchain_compat.py::test_memchat_reads_messages_langchain_added",
+    "tests/store/test_langchain_compat.py::"
+    "test_langchain_under_rls_writes_only_into_the_users_own_sessions",
 )
 
 
@@ -314,17 +310,25 @@ _KIND_BY_DIRECTORY = {
 _TESTS_ROOT = Path(__file__).resolve().parent
 
 
+def _not_yet(entry: str) -> tuple[Path, str | None]:
+    """A CITUS_NOT_YET entry as (module, test name or None for all of it)."""
+    module, _, name = entry.partition("::")
+    return (_TESTS_ROOT.parent / module).resolve(), name or None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--citus"):
         lane = [(_TESTS_ROOT.parent / directory).resolve() for directory in CITUS_LANE]
-        not_yet = {(_TESTS_ROOT.parent / module).resolve() for module in CITUS_NOT_YET}
+        not_yet = {_not_yet(entry) for entry in CITUS_NOT_YET}
 
         def in_lane(item: pytest.Item) -> bool:
             path = item.path.resolve()
             return (
                 any(path.is_relative_to(directory) for directory in lane)
-                and path not in not_yet
+                and (path, None) not in not_yet
+                and (path, item.originalname) not in not_yet  # type: ignore[attr-defined]
                 and item.get_closest_marker("plain_only") is None
+                and item.get_closest_marker("data_api") is None
             )
 
         chosen = [item for item in items if in_lane(item)]

@@ -66,16 +66,20 @@ async def berlin(api: ApiClient, auth: dict[str, str], embedder: Embedder) -> st
     return session_id
 
 
-def expire(admin: psycopg.Connection, session_id: str) -> None:
+# A session's id is its user's (an imported session's is made of what it holds:
+# every user of these tests has the same ones), so both are named.
+def expire(admin: psycopg.Connection, user_id: uuid.UUID, session_id: str) -> None:
     admin.execute(
-        "update public.chat_sessions set expires_at = now() - interval '1 minute' where id = %s",
-        (uuid.UUID(session_id),),
+        "update public.chat_sessions set expires_at = now() - interval '1 minute'"
+        " where id = %s and user_id = %s",
+        (uuid.UUID(session_id), user_id),
     )
 
 
-def expiry_of(admin: psycopg.Connection, session_id: str) -> datetime:
+def expiry_of(admin: psycopg.Connection, user_id: uuid.UUID, session_id: str) -> datetime:
     (expires_at,) = admin.execute(
-        "select expires_at from public.chat_sessions where id = %s", (uuid.UUID(session_id),)
+        "select expires_at from public.chat_sessions where id = %s and user_id = %s",
+        (uuid.UUID(session_id), user_id),
     ).fetchone() or (None,)
     assert expires_at is not None
     return expires_at  # type: ignore[no-any-return]
@@ -91,7 +95,7 @@ def stored(admin: psycopg.Connection, user_id: uuid.UUID) -> int:
 async def test_the_backfill_keeps_what_each_side_said_of_themselves(
     api: ApiClient, admin: psycopg.Connection, embedder: Embedder
 ) -> None:
-    _, auth = api.new_user()
+    user_id, auth = api.new_user()
     session_id = await berlin(api, auth, embedder)
     # A message that says nothing of its speaker is not kept; one that says
     # more than that: its sentence, then the whole message (400 characters at most).
@@ -111,12 +115,13 @@ async def test_the_backfill_keeps_what_each_side_said_of_themselves(
     assert fact["session_id"] == session_id and fact["agent_name"] == "default"
     assert fact["created_at"].startswith("2024-03-01T12:00:00")
     # While the session lives, a memory expires a year after it does.
-    expected = expiry_of(admin, session_id) + timedelta(days=365)
+    expected = expiry_of(admin, user_id, session_id) + timedelta(days=365)
     assert datetime.fromisoformat(fact["expires_at"]) == expected
     # The backfill runs again (a new model, say): nothing is written twice.
     admin.execute(
-        "update memchat.message_embeddings set model = 'older-model' where session_id = %s",
-        (uuid.UUID(session_id),),
+        "update memchat.message_embeddings set model = 'older-model'"
+        " where session_id = %s and user_id = %s",
+        (uuid.UUID(session_id), user_id),
     )
     admin.execute("select memchat.queue_embeddings(array[%s]::uuid[])", (uuid.UUID(session_id),))
     await embedder.run()
@@ -186,7 +191,7 @@ async def test_the_listing_pages_filters_by_agent_and_searches(
 async def test_a_deleted_memory_is_gone_for_good_and_only_its_owner_may_delete_it(
     api: ApiClient, admin: psycopg.Connection, embedder: Embedder
 ) -> None:
-    _, auth = api.new_user()
+    user_id, auth = api.new_user()
     _, other = api.new_user()
     session_id = await berlin(api, auth, embedder)
     fact = next(m for m in (await memories(api, auth))["memories"] if m["kind"] == "fact")
@@ -202,8 +207,9 @@ async def test_a_deleted_memory_is_gone_for_good_and_only_its_owner_may_delete_i
     assert (await api.delete("/memories/0", headers=auth)).status_code == 422
     # The backfill reading the message again does not bring it back.
     admin.execute(
-        "update memchat.message_embeddings set model = 'older-model' where session_id = %s",
-        (uuid.UUID(session_id),),
+        "update memchat.message_embeddings set model = 'older-model'"
+        " where session_id = %s and user_id = %s",
+        (uuid.UUID(session_id), user_id),
     )
     admin.execute("select memchat.queue_embeddings(array[%s]::uuid[])", (uuid.UUID(session_id),))
     await embedder.run()
@@ -216,7 +222,7 @@ async def test_deleting_a_sentence_takes_its_whole_message_and_the_reverse(
     """A short message's sentence and the message whole are two memories:
     deleting either deletes the other, so neither keeps what the user
     removed, and the backfill makes neither again."""
-    _, auth = api.new_user()
+    user_id, auth = api.new_user()
     (first,) = await import_sessions(api, auth, [("user", f"{WEATHER} {UMBRELLA}", at(0))])
     (second,) = await import_sessions(api, auth, [("user", f"{WEATHER} {MOVED}", at(5))])
     await embedder.run()
@@ -236,8 +242,9 @@ async def test_deleting_a_sentence_takes_its_whole_message_and_the_reverse(
     # Read again (a new model): neither comes back.
     for session_id in (first, second):
         admin.execute(
-            "update memchat.message_embeddings set model = 'older-model' where session_id = %s",
-            (uuid.UUID(session_id),),
+            "update memchat.message_embeddings set model = 'older-model'"
+            " where session_id = %s and user_id = %s",
+            (uuid.UUID(session_id), user_id),
         )
         admin.execute(
             "select memchat.queue_embeddings(array[%s]::uuid[])", (uuid.UUID(session_id),)
@@ -259,8 +266,8 @@ async def test_memory_outlives_the_transcript_and_recall_finds_it(
     # While the session lives, recall finds its exchange, never its memories.
     live = (await search(api, auth, "when did I move to Berlin?")).json()["hits"]
     assert live and {h["kind"] for h in live} == {"exchange"}
-    ends = expiry_of(admin, session_id)
-    expire(admin, session_id)
+    ends = expiry_of(admin, user_id, session_id)
+    expire(admin, user_id, session_id)
     result = Cleanup(cleanup_url, batch_size=1000, pause_factor=0).run()
     assert result.deleted_sessions >= 1 and result.finished
     sessions = (await api.get("/sessions", headers=auth)).json()["sessions"]
@@ -304,7 +311,7 @@ async def test_a_newer_memory_about_the_same_thing_ranks_first(
     cleanup_url: str,
 ) -> None:
     api = custom_api(memory_recall_min_score=0.05)
-    _, auth = api.new_user()
+    user_id, auth = api.new_user()
     # The older address matches the question best; the newer one (another
     # session's) updates it; the newest memory, about something else, stays
     # where it ranks.
@@ -328,7 +335,7 @@ async def test_a_newer_memory_about_the_same_thing_ranks_first(
     assert found[0]["created_at"] > found[1]["created_at"]
     # Recall from memories alone (the transcripts gone) ranks them so too.
     for session_id in ids:
-        expire(admin, session_id)
+        expire(admin, user_id, session_id)
     assert Cleanup(cleanup_url, batch_size=1000, pause_factor=0).run().finished
     hits = (await search(api, auth, question)).json()["hits"]
     assert [h["question"] for h in hits] == [WEDDING, KREUZBERG, MISO]
@@ -393,7 +400,7 @@ async def test_with_no_retention_memory_goes_with_its_session(
 ) -> None:
     user_id, auth = api.new_user()
     session_id = await berlin(api, auth, embedder)
-    expire(admin, session_id)
+    expire(admin, user_id, session_id)
     result = Cleanup(cleanup_url, batch_size=1000, pause_factor=0, memory_retention_days=0).run()
     assert result.deleted_sessions >= 1 and result.deleted_memories >= 2
     assert stored(admin, user_id) == 0
@@ -408,7 +415,10 @@ async def test_a_session_deleted_by_its_user_takes_its_memories(
     await embedder.run()
     assert stored(admin, user_id) == 3
     # Not the cleanup (the Data API, say): the session's memories go too.
-    admin.execute("delete from public.chat_sessions where id = %s", (uuid.UUID(session_id),))
+    admin.execute(
+        "delete from public.chat_sessions where id = %s and user_id = %s",
+        (uuid.UUID(session_id), user_id),
+    )
     assert [m["text"] for m in (await memories(api, auth))["memories"]] == [
         "I adopted a grey cat called Miso."
     ]
@@ -425,9 +435,9 @@ async def test_a_session_deleted_by_its_user_takes_its_memories(
 async def test_the_account_export_carries_the_memories_in_every_format(
     api: ApiClient, admin: psycopg.Connection, embedder: Embedder, cleanup_url: str
 ) -> None:
-    _, auth = api.new_user()
+    user_id, auth = api.new_user()
     session_id = await berlin(api, auth, embedder)
-    expire(admin, session_id)
+    expire(admin, user_id, session_id)
     Cleanup(cleanup_url, batch_size=1000, pause_factor=0).run()  # a memory outlives its session
     await import_sessions(api, auth, [("user", "I adopted a grey cat called Miso.", at(90))])
     await embedder.run()
@@ -457,9 +467,9 @@ async def test_an_account_export_imported_brings_the_memories_of_sessions_gone(
     cleanup_url: str,
 ) -> None:
     api = custom_api(memory_recall_min_score=0.2)
-    _, auth = api.new_user()
+    user_id, auth = api.new_user()
     session_id = await berlin(api, auth, embedder)
-    expire(admin, session_id)
+    expire(admin, user_id, session_id)
     Cleanup(cleanup_url, batch_size=1000, pause_factor=0).run()
     await import_sessions(api, auth, [("user", "I adopted a grey cat called Miso.", at(90))])
     await embedder.run()
@@ -540,12 +550,13 @@ async def test_messages_stored_before_durable_memory_get_their_memories(
     await import_sessions(api, auth, [("user", ABOUT_CATS, at(10))])
     await embedder.run()
     # The session's summary, written before durable memory kept summaries.
+    # (A session id is its user's: every user of these tests has this one.)
     admin.execute(
         "update public.chat_sessions set summary = 'Moved to Berlin; likes museums.',"
         " summary_covers_until = (select max(h.id) from public.chat_message_history h"
-        "                          where h.session_id = %(s)s)"
-        " where id = %(s)s",
-        {"s": uuid.UUID(session_id)},
+        "                          where h.session_id = %(s)s and h.user_id = %(u)s)"
+        " where id = %(s)s and user_id = %(u)s",
+        {"s": uuid.UUID(session_id), "u": user_id},
     )
     museum = next(m for m in (await memories(api, auth))["memories"] if m["text"] == MUSEUM)
     assert (await api.delete(f"/memories/{museum['id']}", headers=auth)).status_code == 200

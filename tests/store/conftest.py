@@ -40,7 +40,27 @@ def refused(conn: psycopg.Connection, query: Query, params: dict[str, Any]) -> b
         if on_citus(conn):
             return True
         raise
+    except _CITUS_REFUSALS as error:
+        if citus_refuses_the_owner(conn, error):
+            return True
+        raise
     return False
+
+
+# Citus's own refusals of a write that would move a row to another user or
+# names none (`user_id` is its distribution column), made before row-level
+# security or the trigger that fills `user_id` in on plain PostgreSQL.
+_CITUS_REFUSALS = (psycopg.errors.FeatureNotSupported, psycopg.errors.NullValueNotAllowed)
+_CITUS_OWNER_ERRORS = {
+    "modifying the partition value of rows is not allowed",
+    "cannot perform an INSERT without a partition column value",
+}
+
+
+def citus_refuses_the_owner(conn: psycopg.Connection, error: psycopg.Error) -> bool:
+    """Whether `error` is Citus refusing to change a row's `user_id` or to
+    insert one without it (plain PostgreSQL's policies refuse instead)."""
+    return error.diag.message_primary in _CITUS_OWNER_ERRORS and on_citus(conn)
 
 
 def refusals(conn: psycopg.Connection) -> tuple[type[psycopg.Error], ...]:
@@ -58,6 +78,10 @@ def affected(conn: psycopg.Connection, query: Query, params: dict[str, Any]) -> 
             return conn.execute(query, params).rowcount
     except psycopg.errors.InsufficientPrivilege:
         return "refused"
+    except _CITUS_REFUSALS as error:
+        if citus_refuses_the_owner(conn, error):
+            return "refused"
+        raise
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import pytest
 
 from memchat import store
 from tests.store.conftest import World
-from tests.utils.store_data import acting_as, through_data_api
+from tests.utils.store_data import PROPAGATE_CLAIMS, acting_as, through_data_api
 
 VECTOR = "array_fill(0.25::real, array[512])::extensions.vector"
 
@@ -113,16 +113,23 @@ def the_user_is_deleted(
     gateway.execute("delete from auth.users where id = %s", (world.a.user_id,))
 
 
-DELETERS: dict[str, Callable[[psycopg.Connection, psycopg.Connection, World], None]] = {
-    "the API clears the session": api_clears,
-    "the Data API deletes the session (its messages by cascade)": data_api_deletes_the_session,
-    "the user is deleted (sessions, then messages, by cascade)": the_user_is_deleted,
-}
+Deleter = Callable[[psycopg.Connection, psycopg.Connection, World], None]
+DELETERS: list[Any] = [
+    pytest.param(api_clears, id="the API clears the session"),
+    pytest.param(
+        data_api_deletes_the_session,
+        id="the Data API deletes the session (its messages by cascade)",
+        marks=pytest.mark.data_api,
+    ),
+    pytest.param(
+        the_user_is_deleted, id="the user is deleted (sessions, then messages, by cascade)"
+    ),
+]
 
 
-@pytest.mark.parametrize("deleter", DELETERS.values(), ids=DELETERS.keys())
+@pytest.mark.parametrize("deleter", DELETERS)
 def test_every_deleter_takes_the_embedding_and_feedback_along(
-    deleter: Callable[[psycopg.Connection, psycopg.Connection, World], None],
+    deleter: Deleter,
     conn: psycopg.Connection,
     gateway: psycopg.Connection,
     admin: psycopg.Connection,
@@ -151,6 +158,7 @@ def test_the_ttl_cleanup_takes_them_along(
     assert counts(admin, b) == (1, 1, 1)
 
 
+@pytest.mark.plain_only  # its truncate trigger (Citus: no truncate trigger, docs/deploy.md)
 def test_truncating_the_messages_truncates_them(
     admin_url: str, world: World, both: tuple[Dependents, Dependents]
 ) -> None:
@@ -199,6 +207,9 @@ def test_a_dependent_of_no_message_is_refused_as_a_foreign_key_would(
     assert counts(admin, a) == (1, 1, 1)
 
 
+DELETE_MESSAGE = "delete from public.chat_message_history where id = %s and user_id = %s"
+
+
 def test_a_rating_in_flight_holds_its_answer_until_it_commits(
     admin_url: str, admin: psycopg.Connection, world: World
 ) -> None:
@@ -210,12 +221,14 @@ def test_a_rating_in_flight_holds_its_answer_until_it_commits(
             " values (%s, %s, %s, 'default', -1)",
             (answer, world.a.user_id, world.a_session),
         )
-        deleting.execute("set lock_timeout = '300ms'")
+        # Where the delete waits (on Citus: the answer's worker) the timeout holds.
+        deleting.execute(PROPAGATE_CLAIMS)
+        deleting.execute("set local lock_timeout = '300ms'")
         with pytest.raises(psycopg.errors.LockNotAvailable):
-            deleting.execute("delete from public.chat_message_history where id = %s", (answer,))
+            deleting.execute(DELETE_MESSAGE, (answer, world.a.user_id))
         deleting.rollback()
         rating.commit()
-        deleting.execute("delete from public.chat_message_history where id = %s", (answer,))
+        deleting.execute(DELETE_MESSAGE, (answer, world.a.user_id))
         deleting.commit()
     left = admin.execute(
         "select count(*) from memchat.message_feedback where message_id = %s", (answer,)
@@ -244,7 +257,7 @@ def test_a_rating_of_an_answer_being_deleted_waits_and_is_refused(
                 outcome["result"] = type(exc).__name__
 
     with psycopg.connect(admin_url) as deleting:
-        deleting.execute("delete from public.chat_message_history where id = %s", (answer,))
+        deleting.execute(DELETE_MESSAGE, (answer, world.a.user_id))
         rater = threading.Thread(target=rate)
         rater.start()
         time.sleep(0.5)
