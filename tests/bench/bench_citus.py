@@ -16,7 +16,9 @@ each user in turn runs a turn's memory calls as the API does
 row-level security): `store.load_context` (window 10), `store.recall` (k 10,
 by meaning and words over the stored turns' embeddings) and
 `store.record_turn` (a human + ai pair, with its embedding). Timed on the
-client, median and p95 ms per call, and Citus's against plain PostgreSQL's.
+client, median and p95 ms per call, and Citus's against plain PostgreSQL's;
+the timed turns go in rounds alternating between the engines, so that what
+else the machine does falls on both alike.
 
 On Citus it also counts each call's shard groups: the call once more with
 `citus.log_remote_commands` and `citus.log_local_commands` (a delegated
@@ -64,6 +66,7 @@ WINDOW = 10
 CALLS = ("load_context", "recall", "record_turn")
 MODEL = "bench-citus"
 DIMS = 512  # the column as the migrations make it
+ROUNDS = 10  # the timed turns in rounds alternating between the engines
 
 
 def embedding(seed: int) -> store.Embedding:
@@ -132,20 +135,41 @@ def calls(db: Database, caller: Any, session: uuid.UUID, i: int) -> dict[str, An
     return {"load_context": load, "recall": recall, "record_turn": record}
 
 
-async def timed(url: str, filled: list[Any], args: argparse.Namespace) -> dict[str, common.Stats]:
-    db = Database(url, max_connections=1)
-    samples: dict[str, list[float]] = {name: [] for name in CALLS}
-    try:
-        for i in range(args.warmup + args.iterations):
-            for caller, session in filled:
-                for name, call in calls(db, caller, session, i).items():
+async def timed(
+    engines: dict[str, tuple[str, list[Any]]], args: argparse.Namespace
+) -> dict[str, dict[str, common.Stats]]:
+    """Each engine's calls, --warmup untimed turns per user first, then
+    --iterations timed ones in ROUNDS rounds that alternate between the
+    engines (so both share whatever the machine does meanwhile):
+    {engine: {call: Stats}}."""
+    dbs = {name: Database(url, max_connections=1) for name, (url, _) in engines.items()}
+    samples = {name: {call: list[float]() for call in CALLS} for name in engines}
+
+    async def turns(name: str, begin: int, end: int, timing: bool) -> None:
+        for i in range(begin, end):
+            for caller, session in engines[name][1]:
+                for call, run in calls(dbs[name], caller, session, i).items():
                     with common.Timer() as timer:
-                        await call()
-                    if i >= args.warmup:
-                        samples[name].append(timer.ms)
+                        await run()
+                    if timing:
+                        samples[name][call].append(timer.ms)
+
+    rounds = max(1, min(ROUNDS, args.iterations))
+    try:
+        for name in engines:
+            await turns(name, 0, args.warmup, False)
+        for r in range(rounds):
+            begin = args.warmup + r * args.iterations // rounds
+            end = args.warmup + (r + 1) * args.iterations // rounds
+            for name in list(engines) if r % 2 == 0 else list(reversed(engines)):
+                await turns(name, begin, end, True)
     finally:
-        await db.close()
-    return {name: common.summarize(values) for name, values in samples.items()}
+        for db in dbs.values():
+            await db.close()
+    return {
+        name: {call: common.summarize(values) for call, values in by_call.items()}
+        for name, by_call in samples.items()
+    }
 
 
 async def throughput(url: str, filled: list[Any], clients: int, seconds: float) -> float:
@@ -193,9 +217,11 @@ def call_shard_groups(coordinator_url: str, caller: Any, session: uuid.UUID) -> 
     }
 
 
-async def run_engine(
+async def prepare(
     name: str, url: str, args: argparse.Namespace, stack: ExitStack
-) -> tuple[dict[str, common.Stats], list[Any], float, dict[int, float]]:
+) -> tuple[str, str, list[Any], float]:
+    """The engine's users filled in and its proxy: (API login url, proxy
+    url, filled, round trip ms)."""
     admin = stack.enter_context(psycopg.connect(url, autocommit=True))
     url = role_conninfo(url, API_ROLE)  # the API's login, as deployed
     filler = Database(url, max_connections=1)
@@ -206,12 +232,16 @@ async def run_engine(
     proxy = stack.enter_context(common.LatencyProxy(url, args.latency_ms))
     rtt = common.round_trip_ms(proxy.url, 200).median
     print(f"{name}: filled {args.users} users x {args.turns} turns; round trip {rtt:.2f} ms")
-    stats = await timed(proxy.url, filled, args)
-    rates = {}
+    return url, proxy.url, filled, rtt
+
+
+async def rates(name: str, url: str, filled: list[Any], args: argparse.Namespace) -> Any:
+    """Turns per second by --clients."""
+    found = {}
     for clients in [int(c) for c in args.clients.split(",") if c]:
-        rates[clients] = await throughput(url, filled, clients, args.seconds)
-        print(f"{name}: {clients} clients, {rates[clients]:.0f} turns/s")
-    return stats, filled, rtt, rates
+        found[clients] = await throughput(url, filled, clients, args.seconds)
+        print(f"{name}: {clients} clients, {found[clients]:.0f} turns/s")
+    return found
 
 
 def main() -> None:
@@ -226,12 +256,21 @@ def main() -> None:
             distribute(cluster.coordinator_url)
             loop = asyncio.new_event_loop()
             run: Callable[[Awaitable[Any]], Any] = loop.run_until_complete
-            plain_stats, _, plain_rtt, plain_rates = run(
-                run_engine("postgresql", plain.url, args, stack)
+            plain_url, plain_proxy, plain_filled, plain_rtt = run(
+                prepare("postgresql", plain.url, args, stack)
             )
-            citus_stats, filled, citus_rtt, citus_rates = run(
-                run_engine("citus", cluster.coordinator_url, args, stack)
+            citus_url, citus_proxy, filled, citus_rtt = run(
+                prepare("citus", cluster.coordinator_url, args, stack)
             )
+            stats = run(
+                timed(
+                    {"postgresql": (plain_proxy, plain_filled), "citus": (citus_proxy, filled)},
+                    args,
+                )
+            )
+            plain_stats, citus_stats = stats["postgresql"], stats["citus"]
+            plain_rates = run(rates("postgresql", plain_url, plain_filled, args))
+            citus_rates = run(rates("citus", citus_url, filled, args))
             groups = call_shard_groups(cluster.coordinator_url, *filled[0])
             loop.close()
             with psycopg.connect(plain.url) as conn:

@@ -247,6 +247,9 @@ declare
   v_ids bigint[];
   v_prompt bigint;
   v_completion bigint;
+  v_message jsonb;
+  v_ord bigint;
+  v_id bigint;
 begin
   -- The caller as the API names it: on Citus the call is delegated by it
   -- to the worker holding that user's shards (`memchat db distribute`).
@@ -319,13 +322,19 @@ begin
       expires_at = excluded.expires_at
   returning s.* into v_session;
 
-  with inserted as (
-    insert into public.chat_message_history (session_id, user_id, message, client_message_id)
-    select p_session_id, v_uid, m.message, case when m.ord = 1 then p_client_message_id end
+  -- A row per statement: a turn's few messages, each an insert Citus routes
+  -- to the shard by its values alone (an INSERT ... SELECT would be
+  -- planned as one across shards, its rows passed through a file).
+  for v_message, v_ord in
+    select m.message, m.ord
       from jsonb_array_elements(p_messages) with ordinality as m(message, ord)
      order by m.ord
-    returning id)
-  select array_agg(i.id order by i.id) into v_ids from inserted i;
+  loop
+    insert into public.chat_message_history (session_id, user_id, message, client_message_id)
+    values (p_session_id, v_uid, v_message, case when v_ord = 1 then p_client_message_id end)
+    returning id into v_id;
+    v_ids := v_ids || v_id;
+  end loop;
 
   -- The first message of a turn is the user's.
   if p_embedding is not null then
