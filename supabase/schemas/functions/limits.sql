@@ -1,15 +1,20 @@
 -- The limits of memchat.limits (tables/limits.sql), held for every writer:
 -- the triggers on the user tables (triggers.sql) and the quota on stored
 -- messages. SQLSTATE MC413: too large; MC422: not an allowed value; MCQTA:
--- past the quota (DETAIL: the limit).
+-- past the quota (DETAIL: the limit). The limits are read by a statement of
+-- their own (`select ... into`), not a subquery: on Citus a statement on one
+-- table without subqueries takes its short planning path.
 
 -- now() + ttl, never beyond the maximum TTL.
 create function memchat.session_expiry(p_ttl interval) returns timestamptz
 language plpgsql stable
 set search_path = ''
 as $$
+declare
+  v_max interval;
 begin
-  return now() + least(p_ttl, (select l.max_session_ttl from memchat.limits l));
+  select l.max_session_ttl into v_max from memchat.limits l;
+  return now() + least(p_ttl, v_max);
 end
 $$;
 
@@ -52,10 +57,12 @@ create function memchat.check_notes() returns trigger
 language plpgsql
 set search_path = ''
 as $$
+declare
+  v_max integer;
 begin
-  if char_length(new.notes) > (select l.max_notes_chars from memchat.limits l) then
-    raise exception 'notes are over % characters', (select l.max_notes_chars from memchat.limits l)
-      using errcode = 'MC413';
+  select l.max_notes_chars into v_max from memchat.limits l;
+  if char_length(new.notes) > v_max then
+    raise exception 'notes are over % characters', v_max using errcode = 'MC413';
   end if;
   return new;
 end
@@ -67,10 +74,14 @@ create function memchat.check_session() returns trigger
 language plpgsql
 set search_path = ''
 as $$
+declare
+  v_max interval;
 begin
-  if (tg_op = 'INSERT' or new.expires_at is distinct from old.expires_at)
-     and new.expires_at > now() + (select l.max_session_ttl from memchat.limits l) then
-    raise exception 'expires_at is beyond the maximum session TTL' using errcode = 'MC422';
+  if tg_op = 'INSERT' or new.expires_at is distinct from old.expires_at then
+    select l.max_session_ttl into v_max from memchat.limits l;
+    if new.expires_at > now() + v_max then
+      raise exception 'expires_at is beyond the maximum session TTL' using errcode = 'MC422';
+    end if;
   end if;
   return new;
 end
@@ -97,9 +108,11 @@ as $$
 declare
   -- The caller, a parameter of each statement: on Citus, its shard.
   v_uid uuid := auth.uid();
+  v_stored bigint;
 begin
-  return (select coalesce(sum(s.message_count), 0)::bigint from public.chat_sessions s
-           where s.user_id = v_uid and s.expires_at > now());
+  select coalesce(sum(s.message_count), 0)::bigint into v_stored from public.chat_sessions s
+   where s.user_id = v_uid and s.expires_at > now();
+  return v_stored;
 end
 $$;
 
@@ -112,9 +125,10 @@ set search_path = ''
 as $$
 declare
   v_api text := pg_catalog.current_setting('memchat.max_stored_messages', true);
+  v_max bigint;
 begin
-  return least((select l.max_stored_messages from memchat.limits l),
-               case when v_api ~ '^[0-9]{1,18}$' then v_api::bigint end);
+  select l.max_stored_messages into v_max from memchat.limits l;
+  return least(v_max, case when v_api ~ '^[0-9]{1,18}$' then v_api::bigint end);
 end
 $$;
 

@@ -105,7 +105,7 @@ begin
   -- The limit read on its own: on Citus, where record_turn runs delegated
   -- to the user's worker, a statement there may read only that user's
   -- rows, which a subquery of another table is not.
-  v_kept := (select l.notes_versions_kept from memchat.limits l);
+  select l.notes_versions_kept into v_kept from memchat.limits l;
   delete from memchat.notes_versions v
    where v.user_id = new.user_id and v.agent_name = new.agent_name
      and v.version <= new.version - v_kept;

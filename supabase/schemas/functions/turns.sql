@@ -65,6 +65,7 @@ declare
   v_ids bigint[] := '{}';
   v_bodies jsonb[] := '{}';
   v_keep integer;
+  v_limits jsonb;
 begin
   -- The caller as the API names it: on Citus the call is delegated by it
   -- to the worker holding that user's shards (`memchat db distribute`).
@@ -190,6 +191,12 @@ begin
       from unnest(v_bodies[1:v_keep]) with ordinality as b(body, ord);
   end if;
 
+  select jsonb_build_object(
+           'max_message_chars', l.max_message_chars,
+           'max_notes_chars', l.max_notes_chars,
+           'max_session_ttl_seconds', extract(epoch from l.max_session_ttl))
+    into v_limits
+    from memchat.limits l;
   return jsonb_build_object(
     'taken', false,
     'session', v_session_json,
@@ -199,12 +206,8 @@ begin
     'replay', null,
     'claimed', p_client_message_id is not null,
     'stored_messages', memchat.stored_messages(),
-    'limits', (select jsonb_build_object(
-                 'max_stored_messages', memchat.max_stored_messages(),
-                 'max_message_chars', l.max_message_chars,
-                 'max_notes_chars', l.max_notes_chars,
-                 'max_session_ttl_seconds', extract(epoch from l.max_session_ttl))
-                 from memchat.limits l));
+    'limits', v_limits || jsonb_build_object('max_stored_messages',
+                                             memchat.max_stored_messages()));
 end
 $function$;
 
@@ -250,6 +253,7 @@ declare
   v_message jsonb;
   v_ord bigint;
   v_id bigint;
+  v_max_chars integer;
 begin
   -- The caller as the API names it: on Citus the call is delegated by it
   -- to the worker holding that user's shards (`memchat db distribute`).
@@ -259,12 +263,10 @@ begin
   -- A new turn's user message is held to max_message_chars (what may be
   -- sent to the model); the messages' trigger holds every stored one only to
   -- the larger bound an imported message has.
+  select l.max_message_chars into v_max_chars from memchat.limits l;
   if exists (select 1 from jsonb_array_elements(p_messages) m
-              where m->>'type' = 'human'
-                and char_length(m->'data'->>'content')
-                    > (select l.max_message_chars from memchat.limits l)) then
-    raise exception 'message is over % characters',
-      (select l.max_message_chars from memchat.limits l) using errcode = 'MC413';
+              where m->>'type' = 'human' and char_length(m->'data'->>'content') > v_max_chars) then
+    raise exception 'message is over % characters', v_max_chars using errcode = 'MC413';
   end if;
   perform memchat.hold_stored_messages(v_count);
 
