@@ -452,3 +452,66 @@ def test_distribute_puts_the_citus_forms_back_after_a_migration(
     )
     assert migrate(distributed.coordinator_url, migrations) == ["29991231000000"]
     assert forms() == (True, True, True)
+
+
+def _shard_storage(coordinator: psycopg.Connection, table: str, column: str) -> set[str]:
+    """The storage of `column` in every shard of `table`."""
+    rows = coordinator.execute(
+        "select r.result from run_command_on_shards(%s, %s) r",
+        (
+            table,
+            "select attstorage from pg_attribute where attrelid = '%s'::regclass"
+            f" and attname = '{column}'",
+        ),
+    ).fetchall()
+    return {result for (result,) in rows}
+
+
+async def test_the_recall_keys_are_kept_in_the_row_on_the_shards(
+    api_db: Database, citus_users: UserFactory, distributed: CitusCluster
+) -> None:
+    """The migrations store the keys' vectors and lexemes in the row (MAIN),
+    and so must every shard of theirs, made by Citus with the type's
+    storage; values stored out of line before (a shard that lost it, as a
+    moved one does) are written in the row by `distribute` again."""
+    coordinator = psycopg.connect(distributed.coordinator_url, autocommit=True)
+    partitions = [
+        name
+        for (name,) in coordinator.execute(
+            "select inhrelid::regclass::text from pg_inherits"
+            " where inhparent = any(array['memchat.message_embeddings',"
+            " 'memchat.message_facts']::regclass[]) order by 1"
+        ).fetchall()
+    ]
+    assert len(partitions) == 64
+    for partition in partitions:
+        assert _shard_storage(coordinator, partition, "embedding") == {"m"}, partition
+    gus = citus_users.create()
+    own = coordinator.execute(
+        "select memchat.key_partition_name('message_embeddings', %s)", (gus.user_id,)
+    ).fetchone()
+    assert own is not None
+    partition = f"memchat.{own[0]}"
+    # A shard as Citus makes it: the vectors out of line.
+    coordinator.execute(
+        "select run_command_on_shards(%s, %s)",
+        (partition, "alter table %s alter column embedding set storage external"),
+    )
+    assert _shard_storage(coordinator, partition, "embedding") == {"e"}
+    await store.record_turn(
+        api_db,
+        gus,
+        replace(
+            turn(uuid.uuid4(), exchange("I grow tomatoes", "Tomatoes: noted.")),
+            embedding=store.Embedding(MODEL, _axis(3)),
+        ),
+    )
+    toasted = (
+        "select count(*) filter (where pg_column_toast_chunk_id(embedding) is not null), count(*)"
+        " from memchat.message_embeddings where user_id = %s"
+    )
+    assert coordinator.execute(toasted, (gus.user_id,)).fetchone() == (1, 1)
+    distribute(distributed.coordinator_url)
+    assert _shard_storage(coordinator, partition, "embedding") == {"m"}
+    assert coordinator.execute(toasted, (gus.user_id,)).fetchone() == (0, 1)
+    coordinator.close()

@@ -41,7 +41,8 @@ TURNS = 40
 # The tables recall_hits reads.
 READ = ("chat_message_history", "chat_sessions")
 SCANS = """
-select coalesce(sum(t.seq_scan), 0)::int, coalesce(sum(t.idx_scan), 0)::int
+select coalesce(sum(t.seq_scan), 0)::int, coalesce(sum(t.idx_scan), 0)::int,
+       coalesce(sum(t.idx_tup_fetch), 0)::int
   from pg_catalog.pg_stat_xact_user_tables t
  where t.schemaname = 'public' and t.relname = any(%s)
 """
@@ -76,10 +77,11 @@ async def history(fresh: Fresh) -> AsyncIterator[store.Caller]:
     yield caller
 
 
-def hits_scans(conn: psycopg.Connection, who: store.Caller) -> tuple[int, int, Any]:
+def hits_scans(conn: psycopg.Connection, who: store.Caller) -> tuple[int, int, int, Any]:
     """A recall by `who` in the open transaction of `conn` (as the owner),
     then its hits read once more: the sequential and index scans of the
-    tables memchat.recall_hits reads that the second made, and the hits."""
+    tables memchat.recall_hits reads that the second made, the rows its
+    index scans fetched, and the hits."""
     register(conn.adapters)
     for query, params in claims_statements(who.claims):
         conn.execute(query, params)
@@ -96,18 +98,22 @@ def hits_scans(conn: psycopg.Connection, who: store.Caller) -> tuple[int, int, A
     row = conn.execute(RECALL, recall_params(who.user_id, asked)).fetchone()
     assert row is not None
     ids = [hit["message_id"] for hit in row[0]]
-    seq_before, idx_before = conn.execute(SCANS, (list(READ),)).fetchone() or (0, 0)
+    seq_before, idx_before, fetched_before = conn.execute(SCANS, (list(READ),)).fetchone() or (
+        0,
+        0,
+        0,
+    )
     hits = conn.execute(HITS, (ids, [0.5] * len(ids))).fetchone()
     assert hits is not None and [hit["message_id"] for hit in hits[0]] == ids
-    seq, idx = conn.execute(SCANS, (list(READ),)).fetchone() or (0, 0)
-    return seq - seq_before, idx - idx_before, hits[0]
+    seq, idx, fetched = conn.execute(SCANS, (list(READ),)).fetchone() or (0, 0, 0)
+    return seq - seq_before, idx - idx_before, fetched - fetched_before, hits[0]
 
 
 def test_a_recalls_hits_are_read_without_reading_a_table_whole(
     fresh: Fresh, history: store.Caller
 ) -> None:
     with psycopg.connect(fresh.admin_url) as conn:
-        seq, idx, hits = hits_scans(conn, history)
+        seq, idx, _, hits = hits_scans(conn, history)
         conn.rollback()
     assert len(hits) == 5 and hits[0]["question"] == "question 7 about tea"
     assert hits[0]["answer"] == "answer 7 on tea"
@@ -124,7 +130,33 @@ def test_the_counters_see_the_sequential_scans_the_settings_prevent(
     # planner reads these small tables whole, and the counters show it.
     with psycopg.connect(fresh.admin_url) as conn:
         conn.execute(sql.SQL("alter function {} reset enable_seqscan").format(sql.SQL(RECALL_HITS)))
-        seq, _, hits = hits_scans(conn, history)
+        seq, _, _, hits = hits_scans(conn, history)
         conn.rollback()
     assert len(hits) == 5 and hits[0]["question"] == "question 7 about tea"
     assert seq > 0
+
+
+@pytest.mark.parametrize("sorts", ["off (the function's)", "on"])
+def test_each_neighbour_is_the_first_entry_of_an_index_read_in_order(
+    fresh: Fresh, history: store.Caller, sorts: str
+) -> None:
+    """Planned for the call's values (as Citus plans every call), a hit's
+    neighbours are found by reading an index in order up to the first one
+    (sorts off), not by sorting every message of the caller's: with sorts
+    on (the function's setting reset, rolled back) the planner chooses that,
+    and each lookup fetches the caller's every message."""
+    with psycopg.connect(fresh.admin_url) as conn:
+        conn.execute("set plan_cache_mode = force_custom_plan")
+        if sorts == "on":
+            conn.execute(
+                sql.SQL("alter function {} reset enable_sort").format(sql.SQL(RECALL_HITS))
+            )
+        _, _, fetched, hits = hits_scans(conn, history)
+        conn.rollback()
+    assert len(hits) == 5 and hits[0]["after"]["answer"] == "answer 8 on tea"
+    # Read in order, a hit's lookups fetch a few rows each, whatever the
+    # history's length; sorted, each fetches the caller's every message.
+    if sorts == "on":
+        assert fetched > TURNS * len(hits)
+    else:
+        assert fetched <= TURNS * len(hits)

@@ -31,7 +31,10 @@ on the way, in one transaction:
 - identity columns: who may insert a row may insert its id, which Citus
   takes on the coordinator and sends to the shard;
 - the turn's functions (DELEGATED_FUNCTIONS) are delegated by their
-  `p_user_id` to the worker holding that user's shards.
+  `p_user_id` to the worker holding that user's shards;
+- after that transaction, the partitions' shards get their columns'
+  storage as the migrations set it (the recall keys' vectors in the row),
+  which Citus leaves at the type's: again after a shard move.
 
 Run it again and it does nothing; run it where Citus is absent and it
 refuses (NotCitus). The migrations must have been applied first.
@@ -219,7 +222,56 @@ def distribute(conninfo: str) -> Distribution:
                     (function, DISTRIBUTED_TABLES[0]),
                 )
             _grant_identity_columns(conn)
+        _shard_storage(conn)
     return Distribution(version, todo_reference, todo_distributed)
+
+
+# A partition's columns with the storage the migrations gave them, other
+# than their type's (the recall keys' vectors and lexemes: MAIN, in the
+# row). Citus makes a partition's shards, here or after a shard move, with
+# the type's storage (it writes a column's storage only where the column is
+# not inherited) and refuses ALTER TABLE ... SET STORAGE on a distributed
+# table: so every shard of theirs gets it here, and its rows stored out of
+# line before are written again in the row.
+_PARTITION_STORAGE = """
+select p.logicalrelid::regclass::text, a.attname::text,
+       case a.attstorage when 'p' then 'plain' when 'e' then 'external'
+                         when 'm' then 'main' else 'extended' end,
+       pg_catalog.format_type(a.atttypid, a.atttypmod)
+  from pg_dist_partition p
+  join pg_attribute a on a.attrelid = p.logicalrelid
+  join pg_type t on t.oid = a.atttypid
+ where a.attnum > 0 and not a.attisdropped and a.attinhcount > 0
+   and a.attstorage <> t.typstorage
+ order by 1, 2
+"""
+
+
+def _shard_storage(conn: psycopg.Connection[Any]) -> None:
+    """Each partition shard's columns stored as the partition's are
+    (_PARTITION_STORAGE), by commands Citus runs on every shard
+    (run_command_on_shards: outside this transaction, after it)."""
+    for table, column, storage, type_name in conn.execute(_PARTITION_STORAGE).fetchall():
+        name = sql.Identifier(column)
+        commands = [
+            sql.SQL("alter table %s alter column {} set storage {}").format(name, sql.SQL(storage))
+        ]
+        if storage != "external":
+            # Its values stored out of line before: one made again is stored
+            # as the column's storage says (one kept unchanged is not).
+            commands.append(
+                sql.SQL(
+                    "update %s set {c} = {c}::text::{t}"
+                    " where pg_catalog.pg_column_toast_chunk_id({c}) is not null"
+                ).format(c=name, t=sql.SQL(type_name))
+            )
+        for command in commands:
+            failed = conn.execute(
+                "select r.result from run_command_on_shards(%s, %s) r where not r.success",
+                (table, command.as_string(conn)),
+            ).fetchall()
+            if failed:
+                raise NotCitus(f"{table}.{column} storage on its shards: {failed[0][0]}")
 
 
 def statements(script: str) -> list[str]:

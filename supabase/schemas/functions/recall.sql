@@ -279,7 +279,10 @@ $$;
 -- entries of the caller's, made once per hit: sequential scans are off,
 -- which a table's statistics otherwise choose where the caller holds most
 -- of its rows (a small table, or a Citus shard of few users), each lookup
--- then reading the whole table.
+-- then reading the whole table; and sorts are, so that a neighbour is the
+-- first of an index read in order, not the best of every message of the
+-- caller's sorted (what a plan made for the call's values, as on Citus,
+-- otherwise chooses once the caller has many).
 create function memchat.recall_hits(
   p_ids bigint[],
   p_scores double precision[],
@@ -289,6 +292,7 @@ create function memchat.recall_hits(
 language plpgsql stable
 set search_path = ''
 set enable_seqscan = off
+set enable_sort = off
 as $$
 declare
   -- The caller, a parameter of the statement: on Citus, its shard.
