@@ -9,8 +9,8 @@
 #   bash infra/citus.sh add-worker DIR         # last line: the new worker's URL
 #   bash infra/citus.sh stop DIR
 # start builds first if needed; nodes listen on BASE_PORT (coordinator), +1, +2;
-# add-worker starts worker N on BASE_PORT + N and registers it (no shards yet:
-# moving them there is a rebalance, docs/deploy.md).
+# add-worker starts worker N on BASE_PORT + N (or the next port free) and
+# registers it (no shards yet: moving them there is a rebalance, docs/deploy.md).
 # Run as root, the servers run as the `pgserver` user (PostgreSQL refuses root),
 # which must be able to reach DIR. Everything but the last line goes to stderr.
 set -euo pipefail
@@ -325,21 +325,39 @@ SQL
   echo "$url"
 }
 
+# Whether something listens on 127.0.0.1:$1.
+listening() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
 # A worker more in the running cluster of DIR: worker N (the first number
-# with no node yet, from 3) on the base port + N, started and registered.
+# with no node yet, from 3) on the first port from the base port + N on
+# that no server listens on (another process may hold the next one; one
+# that binds it meanwhile means the next port), started and registered.
 add_worker() {
   [ "$#" -eq 1 ] || usage
   build >/dev/null
   setup_user
   cluster_dir "$1"
   [ -f "$DIR/base_port" ] || die "no cluster in $DIR: start one first"
-  local base n=3
+  local base n=3 tries=0
   base="$(cat "$DIR/base_port")"
   while [ -e "$DIR/worker$n" ]; do n=$((n + 1)); done
   local node="worker$n" port=$((base + n))
-  [ "$port" -le 65535 ] || die "no port above $base for $node"
-  init_node "$node" "$port"
-  start_node "$node" "$port"
+  while :; do
+    while listening "$port"; do port=$((port + 1)); done
+    [ "$port" -le 65535 ] || die "no port above $base for $node"
+    rm -f "$DIR/$node.log"
+    init_node "$node" "$port"
+    if (start_node "$node" "$port") 2>"$DIR/$node.start"; then break; fi
+    tries=$((tries + 1))
+    if [ "$tries" -ge 5 ] || ! grep -q "Address already in use" "$DIR/$node.log"; then
+      cat "$DIR/$node.start" >&2
+      die "$node (port $port) did not start: log $DIR/$node.log"
+    fi
+    port=$((port + 1))
+  done
+  rm -f "$DIR/$node.start"
   prepare_node "$port"
   psql_on "$base" >/dev/null -c "select citus_add_node('127.0.0.1', $port)"
   say "$node running in $DIR on port $port, registered with the coordinator"
