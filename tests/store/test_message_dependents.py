@@ -24,7 +24,7 @@ import pytest
 
 from memchat import store
 from tests.store.conftest import World
-from tests.utils.store_data import PROPAGATE_CLAIMS, acting_as, through_data_api
+from tests.utils.store_data import acting_as, set_local_on_citus, through_data_api
 
 VECTOR = "array_fill(0.25::real, array[512])::extensions.vector"
 
@@ -222,7 +222,7 @@ def test_a_rating_in_flight_holds_its_answer_until_it_commits(
             (answer, world.a.user_id, world.a_session),
         )
         # Where the delete waits (on Citus: the answer's worker) the timeout holds.
-        deleting.execute(PROPAGATE_CLAIMS)
+        set_local_on_citus(deleting, "citus.propagate_set_commands", "local")
         deleting.execute("set local lock_timeout = '300ms'")
         with pytest.raises(psycopg.errors.LockNotAvailable):
             deleting.execute(DELETE_MESSAGE, (answer, world.a.user_id))

@@ -34,6 +34,7 @@ from tests.utils.store_data import (
     exchange,
     load_context_args,
     record,
+    set_local_on_citus,
     snapshot,
     through_data_api,
     turn,
@@ -412,18 +413,12 @@ def test_limits_hold_for_the_table_owner(
     assert sqlstate(admin, query, world.params | {"far": far_future()}) == expected
 
 
-SEQUENTIAL_ON_CITUS = (
-    "select set_config('citus.multi_shard_modify_mode', 'sequential', true)"
-    " where current_setting('citus.multi_shard_modify_mode', true) is not null"
-)
-
-
 def test_a_raised_limit_takes_effect(admin: psycopg.Connection, world: World) -> None:
     big_notes = "update public.agent_long_term_memory set notes = repeat('x', 20000)"
     with admin.transaction(force_rollback=True):
         # On Citus a shard's trigger sees this transaction's change of the
         # limits (a reference table) over the connection that made it only.
-        admin.execute(SEQUENTIAL_ON_CITUS)
+        set_local_on_citus(admin, "citus.multi_shard_modify_mode", "sequential")
         assert sqlstate(admin, big_notes) == TOO_LARGE
         admin.execute("update memchat.limits set max_notes_chars = 50000")
         assert sqlstate(admin, big_notes) == "ok"

@@ -162,16 +162,19 @@ def become(conn: psycopg.Connection, claims: Mapping[str, Any]) -> None:
     (memchat.store.db.claims_statements). On Citus, whatever the login (the
     owner's too), the claims go to the workers as the API's login sends them
     (`memchat db distribute` gives it citus.propagate_set_commands)."""
-    conn.execute(PROPAGATE_CLAIMS)
+    set_local_on_citus(conn, "citus.propagate_set_commands", "local")
     for query, params in claims_statements(claims):
         conn.execute(query, params)
 
 
-# On Citus only (elsewhere the setting does not exist, and nothing is set).
-PROPAGATE_CLAIMS = (
-    "select set_config('citus.propagate_set_commands', 'local', true)"
-    " where current_setting('citus.propagate_set_commands', true) is not null"
-)
+def set_local_on_citus(conn: psycopg.Connection, name: str, value: str) -> None:
+    """Citus's setting `name` for the open transaction; elsewhere the
+    setting does not exist, and nothing is set."""
+    conn.execute(
+        "select set_config(%(name)s, %(value)s, true)"
+        " where current_setting(%(name)s, true) is not null",
+        {"name": name, "value": value},
+    )
 
 
 @contextmanager
